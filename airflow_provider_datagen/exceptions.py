@@ -1,0 +1,55 @@
+"""Every error the provider raises is a :class:`DatagenError`; messages name the thing and the fix."""
+
+from __future__ import annotations
+
+
+class DatagenError(Exception):
+    """Base class of every error raised by airflow-provider-datagen."""
+
+
+class InvalidNameError(DatagenError, ValueError):
+    """A pipeline, experiment, step or field name is unusable as given."""
+
+
+class InvalidItemError(DatagenError, ValueError):
+    """A source item is malformed: not a dict, missing its key field, or a duplicate key."""
+
+
+class InvalidValueError(DatagenError, ValueError):
+    """A value cannot be stored in the log (not JSON-serializable and not bytes)."""
+
+
+class InvalidEventError(DatagenError, ValueError):
+    """An event would break a log invariant (unknown status, mixed FIELD_SET/FIELD_APPEND, ...)."""
+
+
+class SchemaVersionError(DatagenError):
+    """The log was written by a schema version this code does not understand."""
+
+
+class NotALogError(DatagenError):
+    """The path exists but is not a Lance dataset written by airflow-provider-datagen."""
+
+
+class LogCorruptedError(DatagenError):
+    """The log's files are damaged or missing; names the dataset and how to restore it."""
+
+
+class LogWriteError(DatagenError):
+    """A write to the log failed; the batch was not acknowledged and will be redone."""
+
+
+class FencingError(DatagenError):
+    """A writer with a stale epoch tried to act after a newer attempt took ownership."""
+
+
+class InvalidPipelineError(DatagenError, ValueError):
+    """A step graph is malformed: duplicate step names, unknown kinds, bad options."""
+
+
+class ProcessError(DatagenError):
+    """The user's process function misbehaved (returned a non-dict, a non-JSON value, ...)."""
+
+
+class ConfigurationError(DatagenError, ValueError):
+    """An operator, hook or sensor argument is invalid; names the parameter."""
