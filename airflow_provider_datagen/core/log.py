@@ -1,0 +1,960 @@
+"""CheckpointLog: one append-only Lance dataset per experiment, the only durable source of truth.
+
+This is the only module that imports ``lance``; every Lance error is translated here into a
+:class:`~airflow_provider_datagen.exceptions.DatagenError` that names the dataset and the fix.
+
+Mapping of seed 000 onto Lance (see DESIGN.md): a checkpoint batch is one Lance append (one commit)
+instead of a MemWAL generation; retried batches may land twice and the read path de-duplicates them by
+``event_id``; writers are told apart by ``writer_id``/``writer_epoch`` instead of WAL shards; blob bytes
+live in a blob-encoded ``value_blob`` column, located by ``event_id`` and fetched by stable row id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import logging
+import os
+import threading
+import traceback as tb_module
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_datagen.core.events import (
+    EncodedValue,
+    Event,
+    StepCoord,
+    encode_value,
+    event_id_for,
+    event_key_of,
+)
+from airflow_provider_datagen.core.fold import (
+    STATE_SCHEMA,
+    FailureRecord,
+    ItemState,
+    failure_records,
+    fold_events,
+    fold_table,
+)
+from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, check_name, parent_of, root_of
+from airflow_provider_datagen.core.schema import (
+    DATAGEN_SCHEMA_VERSION,
+    DEFAULT_BLOB_THRESHOLD,
+    EVENT_SCHEMA,
+    LIGHT_COLUMNS,
+    NON_BLOB_COLUMNS,
+    STORED_STATUS_FAILED,
+    TERMINAL_STATUSES,
+    EventType,
+    ItemStatus,
+    StepKind,
+)
+from airflow_provider_datagen.exceptions import (
+    FencingError,
+    InvalidEventError,
+    InvalidItemError,
+    InvalidNameError,
+    LogCorruptedError,
+    LogWriteError,
+    NotALogError,
+    SchemaVersionError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
+
+log = logging.getLogger(__name__)
+
+_MAX_EPOCH = (1 << 31) - 1
+_MAX_ITEM_ID = 4 * MAX_KEY_LENGTH
+_MAX_TEXT = 64 * 1024
+#: Lance data storage version: legacy blob encoding works on 2.1 and 2.2 (measured).
+_STORAGE_VERSION: Final = "2.1"
+_INDEXED_COLUMNS = ("item_id", "root_item_id", "event_id")
+_FAILED_SAMPLE = 20
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def _local_path(uri: str) -> str:
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+def _sql_free_eq(column: str, value: str) -> pc.Expression:
+    # pyarrow expressions never need SQL quoting, so ids with quotes or newlines are safe filters.
+    return pc.field(column) == pa.scalar(value, pa.string())
+
+
+def _check_item_id(item_id: object) -> str:
+    if not isinstance(item_id, str) or not item_id:
+        raise InvalidItemError(
+            f"item id {item_id!r} must be a non-empty string; build it with root_item_id()"
+        )
+    if "\x00" in item_id or len(item_id) > _MAX_ITEM_ID:
+        raise InvalidItemError(
+            f"item id {item_id[:60]!r} contains NUL or is over {_MAX_ITEM_ID} characters; "
+            "build ids with root_item_id()/child_item_id()"
+        )
+    return item_id
+
+
+def _check_field(name: object) -> str:
+    if not isinstance(name, str) or not name or "\x00" in name or len(name) > 256:
+        raise InvalidEventError(f"field name {name!r} must be a non-empty string of at most 256 characters")
+    return name
+
+
+def _clip(text: str | None) -> str | None:
+    if text is None or len(text) <= _MAX_TEXT:
+        return text
+    return text[:_MAX_TEXT] + f"... [{len(text) - _MAX_TEXT} characters cut]"
+
+
+@dataclass
+class _Pending:
+    item_id: str
+    event_type: EventType
+    coord: StepCoord = field(default_factory=StepCoord)
+    field: str | None = None
+    value: EncodedValue | None = None
+    status: str | None = None
+    input_fingerprint: str | None = None
+    processor_version: str | None = None
+    parent_item_id: str | None = None
+    error: tuple[str, str, str | None] | None = None
+
+
+@dataclass
+class _ItemCache:
+    """What a writer must know about an item to append to it: its next sequence and field modes."""
+
+    last_seq: int = -1
+    input_fingerprint: str | None = None
+    field_modes: dict[str, str] = field(default_factory=dict)
+    parent_item_id: str | None = None
+
+
+class Batch:
+    """One checkpoint batch: collected in memory, committed as one Lance append, all or nothing."""
+
+    def __init__(self, writer: LogWriter) -> None:
+        self._writer = writer
+        self._pending: list[_Pending] = []
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def _coord(
+        self,
+        step: str | None,
+        step_kind: str | StepKind | None,
+        enclosing_step: str | None,
+        iteration: int | None,
+        fanout_index: int | None,
+        selector_step: str | None,
+    ) -> StepCoord:
+        if step is not None:
+            check_name(step, "step")
+        if step_kind is not None:
+            try:
+                step_kind = StepKind(step_kind).value
+            except ValueError:
+                raise InvalidEventError(
+                    f"unknown step_kind {step_kind!r}; use one of {[k.value for k in StepKind]}"
+                ) from None
+        for what, val in (("iteration", iteration), ("fanout_index", fanout_index)):
+            if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
+                raise InvalidEventError(f"{what} must be a non-negative int, got {val!r}")
+        return StepCoord(step, step_kind, enclosing_step, iteration, fanout_index, selector_step)
+
+    def item_created(
+        self,
+        item_id: str,
+        *,
+        input_fingerprint: str,
+        processor_version: str | None = None,
+        parent_item_id: str | None = None,
+        step: str | None = None,
+        step_kind: str | None = None,
+        enclosing_step: str | None = None,
+        fanout_index: int | None = None,
+        selector_step: str | None = None,
+    ) -> None:
+        """The item enters the inbox (status running) for this input fingerprint."""
+        _check_item_id(item_id)
+        if not isinstance(input_fingerprint, str) or not input_fingerprint:
+            raise InvalidEventError(f"item {item_id!r}: input_fingerprint must be a non-empty string")
+        coord = self._coord(step, step_kind, enclosing_step, None, fanout_index, selector_step)
+        self._pending.append(
+            _Pending(
+                item_id,
+                EventType.ITEM_CREATED,
+                coord,
+                status=ItemStatus.RUNNING.value,
+                input_fingerprint=input_fingerprint,
+                processor_version=processor_version or self._writer.processor_version,
+                parent_item_id=parent_item_id if parent_item_id is not None else parent_of(item_id),
+            )
+        )
+
+    def step_started(
+        self,
+        item_id: str,
+        *,
+        step: str,
+        step_kind: str = "Sequence",
+        enclosing_step: str | None = None,
+        iteration: int | None = None,
+        fanout_index: int | None = None,
+        selector_step: str | None = None,
+    ) -> None:
+        """A driver frame (Sequence/Loop iteration) opened: a structural marker."""
+        _check_item_id(item_id)
+        coord = self._coord(step, step_kind, enclosing_step, iteration, fanout_index, selector_step)
+        self._pending.append(_Pending(item_id, EventType.STEP_STARTED, coord))
+
+    def _field(self, et: EventType, item_id: str, name: str, value: Any, step: str | None) -> None:
+        _check_item_id(item_id)
+        _check_field(name)
+        enc = encode_value(
+            value, blob_threshold=self._writer.log.blob_threshold, what=f"field {name!r} of item {item_id!r}"
+        )
+        coord = self._coord(step, None, None, None, None, None)
+        self._pending.append(_Pending(item_id, et, coord, field=name, value=enc))
+
+    def field_set(self, item_id: str, field: str, value: Any, *, step: str | None = None) -> None:
+        """Replace a field's value (last writer wins in the fold)."""
+        self._field(EventType.FIELD_SET, item_id, field, value, step)
+
+    def field_append(self, item_id: str, field: str, value: Any, *, step: str | None = None) -> None:
+        """Append a value to a field (accumulated in order by the fold)."""
+        self._field(EventType.FIELD_APPEND, item_id, field, value, step)
+
+    def step_completed(
+        self,
+        item_id: str,
+        *,
+        step: str,
+        processor_version: str | None = None,
+        step_kind: str | None = None,
+        enclosing_step: str | None = None,
+        iteration: int | None = None,
+        fanout_index: int | None = None,
+        selector_step: str | None = None,
+    ) -> None:
+        """A checkpointed step boundary: the resume cursor, valid for ``processor_version`` only."""
+        _check_item_id(item_id)
+        coord = self._coord(step, step_kind, enclosing_step, iteration, fanout_index, selector_step)
+        self._pending.append(
+            _Pending(
+                item_id,
+                EventType.STEP_COMPLETED,
+                coord,
+                processor_version=processor_version or self._writer.processor_version,
+            )
+        )
+
+    def failed(
+        self,
+        item_id: str,
+        *,
+        error: BaseException | str,
+        step: str | None = None,
+        step_kind: str | None = None,
+        enclosing_step: str | None = None,
+        iteration: int | None = None,
+        fanout_index: int | None = None,
+        traceback: str | None = None,
+    ) -> None:
+        """A step raised: a failure-lens row; the item stays running and is retried later."""
+        _check_item_id(item_id)
+        if isinstance(error, BaseException):
+            etype = type(error).__name__
+            message = str(error)
+            if traceback is None and error.__traceback__ is not None:
+                traceback = "".join(tb_module.format_exception(type(error), error, error.__traceback__))
+        elif isinstance(error, str):
+            etype, message = "Error", error
+        else:
+            raise InvalidEventError(f"item {item_id!r}: error must be an exception or a message string")
+        coord = self._coord(step, step_kind, enclosing_step, iteration, fanout_index, None)
+        self._pending.append(
+            _Pending(
+                item_id,
+                EventType.FAILED,
+                coord,
+                status=STORED_STATUS_FAILED,
+                error=(etype, _clip(message) or "", _clip(traceback)),
+            )
+        )
+
+    def terminal(self, item_id: str, *, status: str = "completed", reason: Any = None) -> None:
+        """The item finished: ``completed`` or ``filtered`` (with an optional JSON ``reason``)."""
+        _check_item_id(item_id)
+        status_value = status.value if isinstance(status, ItemStatus) else status
+        if status_value not in TERMINAL_STATUSES:
+            raise InvalidEventError(
+                f"item {item_id!r}: unknown terminal status {status!r}; use 'completed' or 'filtered'"
+            )
+        enc = encode_value(reason, what=f"filter reason of item {item_id!r}") if reason is not None else None
+        if enc is not None and enc.json_text is None:
+            raise InvalidEventError(f"item {item_id!r}: the filter reason must be small JSON, not bytes")
+        self._pending.append(_Pending(item_id, EventType.TERMINAL, status=status_value, value=enc))
+
+
+class LogWriter:
+    """Appends batches for one owner (``writer_id``) at one ``epoch``; remembers item sequences."""
+
+    def __init__(
+        self,
+        log: CheckpointLog,
+        writer_id: str,
+        epoch: int,
+        *,
+        processor_version: str | None = None,
+        airflow: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(writer_id, str) or not writer_id or len(writer_id) > 1024 or "\x00" in writer_id:
+            raise InvalidNameError(
+                f"writer_id {writer_id!r} must be a non-empty string up to 1024 characters"
+            )
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= _MAX_EPOCH:
+            raise InvalidEventError(f"epoch {epoch!r} must be an int in [0, 2**31); use log.next_epoch()")
+        self.log = log
+        self.writer_id = writer_id
+        self.epoch = epoch
+        self.processor_version = processor_version
+        self.airflow = dict(airflow or {})
+        self._items: dict[str, _ItemCache] = {}
+        self.commits = 0
+        self.events_written = 0
+
+    def prime(
+        self,
+        item_id: str,
+        *,
+        last_seq: int,
+        input_fingerprint: str | None = None,
+        field_modes: dict[str, str] | None = None,
+    ) -> None:
+        """Tell the writer what it would otherwise look up: saves a query per new item on hot paths."""
+        self._items[item_id] = _ItemCache(last_seq, input_fingerprint, dict(field_modes or {}))
+
+    def forget(self, item_id: str) -> None:
+        self._items.pop(item_id, None)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """Collect events; on a clean exit they are committed as one append (nothing on an error)."""
+        b = Batch(self)
+        yield b
+        if len(b):
+            self.commit(b)
+
+    def _lookup(self, item_ids: Sequence[str]) -> None:
+        states = self.log.item_states(item_ids)
+        for iid in item_ids:
+            st = states[iid]
+            if st.max_epoch > self.epoch:
+                raise FencingError(
+                    f"writer {self.writer_id!r} at epoch {self.epoch} may not write item {iid!r}: epoch "
+                    f"{st.max_epoch} already owns it. A newer attempt took over; stop this one."
+                )
+            self._items[iid] = _ItemCache(st.last_seq, st.input_fingerprint, dict(st.field_modes))
+
+    def commit(self, batch: Batch) -> int:
+        """Validate, sequence and append a batch in one Lance commit; returns the events written."""
+        pending = batch._pending
+        unknown = list(dict.fromkeys(p.item_id for p in pending if p.item_id not in self._items))
+        if unknown:
+            self._lookup(unknown)
+        staged: dict[str, _ItemCache] = {}
+        now = dt.datetime.now(dt.timezone.utc)
+        cols: dict[str, list[Any]] = {name: [] for name in EVENT_SCHEMA.names}
+        af = self.airflow
+        for p in pending:
+            cache = staged.get(p.item_id)
+            if cache is None:
+                base = self._items[p.item_id]
+                cache = _ItemCache(base.last_seq, base.input_fingerprint, dict(base.field_modes))
+                staged[p.item_id] = cache
+            cache.last_seq += 1
+            seq = cache.last_seq
+            if p.event_type is EventType.ITEM_CREATED:
+                cache.input_fingerprint = p.input_fingerprint
+                cache.field_modes = {}
+            elif p.event_type in (EventType.FIELD_SET, EventType.FIELD_APPEND):
+                mode = "set" if p.event_type is EventType.FIELD_SET else "append"
+                assert p.field is not None
+                prev = cache.field_modes.get(p.field)
+                if prev is not None and prev != mode:
+                    raise InvalidEventError(
+                        f"item {p.item_id!r}: field {p.field!r} was written with FIELD_"
+                        f"{prev.upper()} and cannot take FIELD_{mode.upper()}; use one mode per field "
+                        "(nothing of this batch was written)"
+                    )
+                cache.field_modes[p.field] = mode
+            fp = p.input_fingerprint if p.input_fingerprint is not None else cache.input_fingerprint
+            pv = p.processor_version if p.processor_version is not None else self.processor_version
+            c = p.coord
+            v = p.value
+            err = p.error
+            eid = event_id_for(
+                p.item_id,
+                seq,
+                p.event_type.value,
+                fp,
+                pv if p.event_type in (EventType.ITEM_CREATED, EventType.STEP_COMPLETED) else None,
+                p.status,
+                c.step_kind,
+                c.step,
+                c.enclosing_step,
+                c.selector_step,
+                c.iteration,
+                c.fanout_index,
+                p.field,
+                v.digest if v is not None else None,
+                err[0] if err else None,
+                err[1] if err else None,
+            )
+            cols["event_id"].append(eid)
+            cols["event_key"].append(event_key_of(eid))
+            cols["schema_version"].append(DATAGEN_SCHEMA_VERSION)
+            cols["item_id"].append(p.item_id)
+            cols["root_item_id"].append(root_of(p.item_id))
+            cols["parent_item_id"].append(p.parent_item_id or parent_of(p.item_id))
+            cols["item_seq"].append(seq)
+            cols["event_type"].append(p.event_type.value)
+            cols["status"].append(p.status)
+            cols["step_kind"].append(c.step_kind)
+            cols["step"].append(c.step)
+            cols["enclosing_step"].append(c.enclosing_step)
+            cols["selector_step"].append(c.selector_step)
+            cols["iteration"].append(c.iteration)
+            cols["fanout_index"].append(c.fanout_index)
+            cols["field"].append(p.field)
+            cols["value_kind"].append(v.kind if v else None)
+            cols["value_json"].append(v.json_text if v else None)
+            cols["value_size"].append(v.size if v else None)
+            cols["value_digest"].append(v.digest if v else None)
+            cols["value_blob"].append(v.blob if v else None)
+            cols["input_fingerprint"].append(fp)
+            cols["processor_version"].append(pv)
+            cols["writer_id"].append(self.writer_id)
+            cols["writer_epoch"].append(self.epoch)
+            cols["error_type"].append(err[0] if err else None)
+            cols["error_message"].append(err[1] if err else None)
+            cols["error_traceback"].append(err[2] if err else None)
+            cols["dag_id"].append(af.get("dag_id"))
+            cols["run_id"].append(af.get("run_id"))
+            cols["task_id"].append(af.get("task_id"))
+            cols["map_index"].append(af.get("map_index"))
+            cols["try_number"].append(af.get("try_number"))
+            cols["created_at"].append(now)
+        table = pa.table(cols, schema=EVENT_SCHEMA)
+        self.log._append(table)
+        self._items.update(staged)
+        self.commits += 1
+        self.events_written += len(pending)
+        return len(pending)
+
+
+class _MaintenanceLease:
+    """At most one maintenance worker per experiment on this host (a non-blocking file lock).
+
+    On object stores two maintainers can still race; Lance's optimistic commit then rejects the later
+    compaction, which :meth:`CheckpointLog.maintain` reports as skipped. Nothing is lost either way.
+    """
+
+    def __init__(self, uri: str) -> None:
+        self._path = os.path.join(_local_path(uri), "..", ".maintenance.lock") if _is_local(uri) else None
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        if self._path is None:
+            return True
+        os.makedirs(os.path.dirname(os.path.abspath(self._path)), exist_ok=True)
+        fd = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+class CheckpointLog:
+    """The event log of one experiment: ``<root>/datagen_checkpoints/<pipeline>/<experiment>/log.lance``.
+
+    Opening is lazy: nothing is created until the first batch is committed, so reads of a new
+    experiment see an empty log.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        pipeline: str,
+        experiment: str,
+        *,
+        storage_options: dict[str, str] | None = None,
+        blob_threshold: int = DEFAULT_BLOB_THRESHOLD,
+        auto_maintain_fragments: int | None = 512,
+    ) -> None:
+        self.root = root
+        self.pipeline = pipeline
+        self.experiment = experiment
+        self.storage_options = dict(storage_options) if storage_options else None
+        self.blob_threshold = blob_threshold
+        self.auto_maintain_fragments = auto_maintain_fragments
+        self.uri = f"{root.rstrip('/')}/datagen_checkpoints/{pipeline}/{experiment}/log.lance"
+        self._ds: lance.LanceDataset | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CheckpointLog({self.uri!r})"
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        *,
+        pipeline: str,
+        experiment: str,
+        storage_options: dict[str, str] | None = None,
+        blob_threshold: int = DEFAULT_BLOB_THRESHOLD,
+        auto_maintain_fragments: int | None = 512,
+    ) -> CheckpointLog:
+        """Open (lazily) the log of ``pipeline``/``experiment`` under ``root`` (a path or a URI)."""
+        check_name(pipeline, "pipeline")
+        check_name(experiment, "experiment")
+        root_s = os.fspath(root)
+        if not isinstance(root_s, str) or not root_s or "\x00" in root_s:
+            raise InvalidNameError(f"root {root!r} must be a non-empty path or URI")
+        if _is_local(root_s):
+            root_s = os.path.abspath(_local_path(root_s))
+        lg = cls(
+            root_s,
+            pipeline,
+            experiment,
+            storage_options=storage_options,
+            blob_threshold=blob_threshold,
+            auto_maintain_fragments=auto_maintain_fragments,
+        )
+        lg._dataset()  # validates an existing dataset (schema version, is it ours) before any use
+        return lg
+
+    # --- dataset access and error translation ---------------------------------------------------
+
+    def _translate(self, exc: BaseException, action: str) -> Exception:
+        msg = str(exc)
+        low = msg.lower()
+        if isinstance(exc, OSError) and ("no space" in low or getattr(exc, "errno", None) == 28):
+            return LogWriteError(
+                f"{action} on {self.uri} failed: no space left on device. The batch was not acknowledged; "
+                "free space and rerun: the next run redoes exactly the unacknowledged work."
+            )
+        if "not found" in low or "no such file" in low or "corrupt" in low or "invalid" in low:
+            return LogCorruptedError(
+                f"{action} on {self.uri} failed: a file of the dataset is missing or damaged ({msg[:300]}). "
+                "Nothing was changed. Restore the dataset directory from a backup or check out an earlier "
+                "version (lance restore); run maintain() after restoring."
+            )
+        return (
+            LogWriteError(f"{action} on {self.uri} failed: {msg[:500]}")
+            if isinstance(exc, OSError)
+            else LogCorruptedError(f"{action} on {self.uri} failed: {msg[:500]}")
+        )
+
+    def _open_dataset(self) -> lance.LanceDataset | None:
+        if _is_local(self.uri):
+            path = _local_path(self.uri)
+            if not os.path.exists(path):
+                return None
+            if not os.path.isdir(os.path.join(path, "_versions")):
+                raise NotALogError(
+                    f"{self.uri} exists but is not a Lance dataset (no _versions directory); move it away "
+                    "or choose another experiment name"
+                )
+        try:
+            ds = lance.dataset(self.uri, storage_options=self.storage_options)
+        except ValueError as exc:
+            if "was not found" in str(exc) and not _is_local(self.uri):
+                return None
+            raise self._translate(exc, "opening the log") from None
+        except OSError as exc:
+            raise self._translate(exc, "opening the log") from None
+        self._check_schema(ds)
+        return ds
+
+    def _check_schema(self, ds: lance.LanceDataset) -> None:
+        meta = ds.schema.metadata or {}
+        raw = meta.get(b"datagen_schema_version")
+        if raw is None or "event_id" not in ds.schema.names:
+            raise NotALogError(
+                f"{self.uri} is a Lance dataset but not a datagen checkpoint log (no "
+                "datagen_schema_version); point the experiment elsewhere"
+            )
+        self._check_version(int(raw))
+
+    def _check_version(self, version: int) -> None:
+        if version > DATAGEN_SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.uri} was written with datagen schema version {version}, newer than this code's "
+                f"{DATAGEN_SCHEMA_VERSION}; upgrade airflow-provider-datagen to read it (it was not modified)"
+            )
+        if version < DATAGEN_SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.uri} uses datagen schema version {version}; this code reads version "
+                f"{DATAGEN_SCHEMA_VERSION} only. Migrate the log with a release that supports both."
+            )
+
+    def _dataset(self) -> lance.LanceDataset | None:
+        with self._lock:
+            if self._ds is None:
+                self._ds = self._open_dataset()
+            else:
+                try:
+                    self._ds.checkout_latest()
+                except (OSError, ValueError) as exc:
+                    raise self._translate(exc, "refreshing the log") from None
+            return self._ds
+
+    def exists(self) -> bool:
+        return self._dataset() is not None
+
+    @property
+    def version(self) -> int:
+        ds = self._dataset()
+        return 0 if ds is None else int(ds.version)
+
+    def _scan(self, columns: Sequence[str], filter: pc.Expression | None = None) -> pa.Table:
+        ds = self._dataset()
+        cols = list(dict.fromkeys([*columns, "schema_version"]))
+        if ds is None:
+            return EVENT_SCHEMA.empty_table().select(cols)
+        try:
+            table = ds.to_table(columns=cols, filter=filter)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise self._translate(exc, "reading the log") from None
+        if table.num_rows:
+            vmax = pc.max(table["schema_version"]).as_py()
+            vmin = pc.min(table["schema_version"]).as_py()
+            for v in {vmax, vmin}:
+                self._check_version(int(v))
+        return table
+
+    def _append(self, table: pa.Table) -> None:
+        ds = self._dataset()
+        kwargs: dict[str, Any] = {"storage_options": self.storage_options}
+        try:
+            if ds is None:
+                try:
+                    self._ds = lance.write_dataset(
+                        table,
+                        self.uri,
+                        schema=EVENT_SCHEMA,
+                        mode="create",
+                        enable_stable_row_ids=True,
+                        data_storage_version=_STORAGE_VERSION,
+                        **kwargs,
+                    )
+                    return
+                except (OSError, ValueError) as exc:
+                    # Another writer created the dataset first: append to theirs.
+                    if "exist" not in str(exc).lower():
+                        raise
+                    ds = self._dataset()
+            self._ds = lance.write_dataset(table, ds, schema=EVENT_SCHEMA, mode="append", **kwargs)
+        except DatagenErrorTypes:
+            raise
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise self._translate(exc, "appending a batch") from None
+        self._maybe_auto_maintain()
+
+    def _maybe_auto_maintain(self) -> None:
+        limit = self.auto_maintain_fragments
+        if not limit or self._ds is None:
+            return
+        if len(self._ds.get_fragments()) >= limit:
+            log.info("log %s has %d fragments: running maintenance", self.uri, len(self._ds.get_fragments()))
+            self.maintain()
+
+    # --- writers ------------------------------------------------------------------------------
+
+    def writer(
+        self,
+        writer_id: str,
+        epoch: int,
+        *,
+        processor_version: str | None = None,
+        airflow: dict[str, Any] | None = None,
+    ) -> LogWriter:
+        """A writer owning the items it writes at ``epoch``; a newer epoch fences older writers."""
+        return LogWriter(self, writer_id, epoch, processor_version=processor_version, airflow=airflow)
+
+    def next_epoch(self) -> int:
+        """An epoch higher than any written so far: what a new owner of items should use."""
+        table = self._scan(["writer_epoch"])
+        if table.num_rows == 0:
+            return 1
+        return int(pc.max(table["writer_epoch"]).as_py()) + 1
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def _events_from(self, table: pa.Table) -> list[Event]:
+        out = []
+        for r in table.to_pylist():
+            out.append(
+                Event(
+                    event_id=r["event_id"],
+                    item_id=r["item_id"],
+                    root_item_id=r["root_item_id"],
+                    parent_item_id=r["parent_item_id"],
+                    item_seq=r["item_seq"],
+                    event_type=EventType(r["event_type"]),
+                    status=r["status"],
+                    coord=StepCoord(
+                        r["step"],
+                        r["step_kind"],
+                        r["enclosing_step"],
+                        r["iteration"],
+                        r["fanout_index"],
+                        r["selector_step"],
+                    ),
+                    field=r["field"],
+                    value_kind=r["value_kind"],
+                    value_json=r["value_json"],
+                    value_size=r["value_size"],
+                    value_digest=r["value_digest"],
+                    input_fingerprint=r["input_fingerprint"],
+                    processor_version=r["processor_version"],
+                    writer_id=r["writer_id"],
+                    writer_epoch=r["writer_epoch"],
+                    error_type=r["error_type"],
+                    error_message=r["error_message"],
+                    error_traceback=r["error_traceback"],
+                    dag_id=r["dag_id"],
+                    run_id=r["run_id"],
+                    task_id=r["task_id"],
+                    map_index=r["map_index"],
+                    try_number=r["try_number"],
+                    created_at=r["created_at"],
+                    schema_version=r["schema_version"],
+                )
+            )
+        return out
+
+    def _dedupe_sorted(self, events: list[Event]) -> list[Event]:
+        best: dict[str, Event] = {}
+        for ev in events:
+            seen = best.get(ev.event_id)
+            if seen is None or ev.writer_epoch > seen.writer_epoch:
+                best[ev.event_id] = ev
+        return sorted(best.values(), key=lambda e: (e.item_id, e.item_seq, -e.writer_epoch, e.event_key))
+
+    def events(self, item_id: str) -> list[Event]:
+        """Every event of one item, ordered by ``item_seq``, de-duplicated by ``event_id``."""
+        _check_item_id(item_id)
+        return self._dedupe_sorted(
+            self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id)))
+        )
+
+    def subtree(self, root_id: str) -> list[Event]:
+        """Every event of a root item and its fan-out children (one filter on ``root_item_id``)."""
+        _check_item_id(root_id)
+        return self._dedupe_sorted(
+            self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
+        )
+
+    def item_state(self, item_id: str) -> ItemState:
+        """The lifecycle fold of one item (fields hold :class:`BlobRef` for blob-stored values)."""
+        return fold_events(item_id, self.events(item_id), self.load_blob)
+
+    def item_states(self, item_ids: Iterable[str]) -> dict[str, ItemState]:
+        """Lifecycle folds of many items with one query."""
+        ids = list(dict.fromkeys(item_ids))
+        if not ids:
+            return {}
+        for iid in ids:
+            _check_item_id(iid)
+        table = self._scan(NON_BLOB_COLUMNS, pc.field("item_id").isin(pa.array(ids, pa.string())))
+        grouped: dict[str, list[Event]] = {iid: [] for iid in ids}
+        for ev in self._events_from(table):
+            grouped.setdefault(ev.item_id, []).append(ev)
+        return {iid: fold_events(iid, grouped[iid], self.load_blob) for iid in ids}
+
+    def failures(self, item_id: str | None = None) -> list[FailureRecord]:
+        """The failure lens: FAILED rows and fencing violations, of one item or of the whole log."""
+        if item_id is not None:
+            evs = self.events(item_id)
+            return failure_records(evs, fold_events(item_id, evs).violations)
+        table = self._scan(NON_BLOB_COLUMNS, pc.field("event_type") == pa.scalar(EventType.FAILED.value))
+        records = failure_records(self._events_from(table))
+        states = self.states()
+        bad = states.filter(pc.greater(states["violations"], 0))["item_id"].to_pylist()
+        for iid in bad:
+            evs = self.events(iid)
+            records.extend(failure_records([], fold_events(iid, evs).violations))
+        return records
+
+    def states(self) -> pa.Table:
+        """Vectorized fold of every item: one row per item (see ``fold.STATE_SCHEMA``)."""
+        table = self._scan(LIGHT_COLUMNS)
+        if table.num_rows == 0:
+            return STATE_SCHEMA.empty_table()
+        return fold_table(table)
+
+    def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
+        """Counts of root items by lifecycle status, failures, and the log version."""
+        if states is None:
+            states = self.states()
+        ids = states["item_id"]
+        depth = pc.count_substring(ids, "/") if states.num_rows else pa.array([], pa.int64())
+        roots = states.filter(pc.equal(depth, 0)) if states.num_rows else states
+        counts = {s.value: 0 for s in ItemStatus}
+        if roots.num_rows:
+            vc = pc.value_counts(roots["status"])
+            for entry in vc.to_pylist():
+                counts[entry["values"]] = int(entry["counts"])
+        failed_mask = (
+            pc.and_(pc.equal(roots["status"], ItemStatus.RUNNING.value), pc.greater(roots["failures"], 0))
+            if roots.num_rows
+            else None
+        )
+        failed = roots.filter(failed_mask) if failed_mask is not None else roots
+        return {
+            "pipeline": self.pipeline,
+            "experiment": self.experiment,
+            "total": roots.num_rows,
+            "completed": counts[ItemStatus.COMPLETED.value],
+            "filtered": counts[ItemStatus.FILTERED.value],
+            "running": counts[ItemStatus.RUNNING.value],
+            "never_started": counts[ItemStatus.NEVER_STARTED.value],
+            "failed_items": failed.num_rows,
+            "failed_item_ids": sorted(failed["item_id"].to_pylist())[:_FAILED_SAMPLE],
+            "pending": counts[ItemStatus.RUNNING.value] + counts[ItemStatus.NEVER_STARTED.value],
+            "children": states.num_rows - roots.num_rows,
+            "fencing_violations": int(pc.sum(states["violations"]).as_py() or 0) if states.num_rows else 0,
+            "log_version": self.version,
+        }
+
+    def load_blob(self, event_id: str) -> bytes:
+        """The bytes of a blob-stored value; the only read that touches ``value_blob``."""
+        ds = self._dataset()
+        if ds is None:
+            raise InvalidEventError(f"no event {event_id!r}: the log {self.uri} is empty")
+        try:
+            hit = ds.to_table(
+                columns=["event_id", "value_kind", "value_size"],
+                filter=_sql_free_eq("event_id", event_id),
+                with_row_id=True,
+            )
+            if hit.num_rows == 0:
+                raise InvalidEventError(f"no event {event_id!r} in {self.uri}")
+            if hit["value_kind"][0].as_py() is None or hit["value_size"][0].as_py() is None:
+                raise InvalidEventError(f"event {event_id!r} carries no value")
+            blobs = ds.take_blobs("value_blob", ids=[int(hit["_rowid"][0].as_py())])
+        except (OSError, RuntimeError) as exc:
+            raise self._translate(exc, f"loading blob {event_id}") from None
+        blob = blobs[0]
+        if blob is None:
+            raise InvalidEventError(f"event {event_id!r} stores its value inline; read it from item_state()")
+        with blob as f:
+            return f.read()
+
+    def stats(self) -> dict[str, Any]:
+        """Version, fragment count, event count and on-disk size of the log."""
+        ds = self._dataset()
+        if ds is None:
+            return {"version": 0, "fragments": 0, "events": 0, "size_bytes": 0}
+        size = 0
+        if _is_local(self.uri):
+            for dirpath, _, files in os.walk(_local_path(self.uri)):
+                for name in files:
+                    with contextlib.suppress(OSError):
+                        size += os.path.getsize(os.path.join(dirpath, name))
+        return {
+            "version": int(ds.version),
+            "fragments": len(ds.get_fragments()),
+            "events": int(ds.count_rows()),
+            "size_bytes": size,
+        }
+
+    # --- maintenance --------------------------------------------------------------------------
+
+    def maintain(
+        self,
+        *,
+        cleanup_older_than: dt.timedelta = dt.timedelta(hours=1),
+        target_rows_per_fragment: int = 1 << 20,
+    ) -> dict[str, Any]:
+        """Compact fragments, build or refresh scalar indices, drop old versions; safe beside writers.
+
+        Compaction rewrites existing fragments only and commits optimistically, so appends that land
+        meanwhile are kept; stable row ids keep blob references valid; cleanup keeps every version
+        younger than ``cleanup_older_than`` so concurrent readers never lose the files they read.
+        """
+        lease = _MaintenanceLease(self.uri)
+        if not lease.acquire():
+            return {"skipped": True, "reason": "another maintenance worker holds the lease"}
+        try:
+            ds = self._dataset()
+            if ds is None:
+                return {"skipped": True, "reason": "the log is empty"}
+            before = len(ds.get_fragments())
+            try:
+                ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
+                ds = self._dataset()
+                assert ds is not None
+                present = {idx.field_names[0] for idx in ds.describe_indices() if idx.field_names}
+                for col in _INDEXED_COLUMNS:
+                    if col not in present:
+                        ds.create_scalar_index(col, "BTREE")
+                ds = self._dataset()
+                assert ds is not None
+                ds.optimize.optimize_indices()
+                ds = self._dataset()
+                assert ds is not None
+                removed = ds.cleanup_old_versions(older_than=cleanup_older_than)
+            except (OSError, RuntimeError, ValueError) as exc:
+                if "conflict" in str(exc).lower() or "retryable" in str(exc).lower():
+                    return {"skipped": True, "reason": f"a concurrent maintenance committed first ({exc})"}
+                raise self._translate(exc, "maintaining the log") from None
+            ds = self._dataset()
+            assert ds is not None
+            return {
+                "skipped": False,
+                "fragments_before": before,
+                "fragments_after": len(ds.get_fragments()),
+                "version": int(ds.version),
+                "removed_versions": int(getattr(removed, "old_versions", 0) or 0),
+                "indices": sorted(_INDEXED_COLUMNS),
+            }
+        finally:
+            lease.release()
+
+
+DatagenErrorTypes = (
+    FencingError,
+    InvalidEventError,
+    LogCorruptedError,
+    LogWriteError,
+    NotALogError,
+    SchemaVersionError,
+)
+
+__all__ = ["Batch", "CheckpointLog", "LogWriter"]
