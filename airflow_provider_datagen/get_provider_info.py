@@ -1,0 +1,94 @@
+"""Provider metadata, read by Airflow through the ``apache_airflow_provider`` entry point.
+
+Airflow calls :func:`get_provider_info` in every component at start-up, so this module imports nothing
+but the package version: no hook, operator or Lance import may happen here.
+
+The connection form is declared here (``conn-fields`` and ``ui-field-behaviour``) rather than with the
+hook's ``get_connection_form_widgets`` / ``get_ui_field_behaviour`` classmethods: Airflow 3.2 deprecated
+those (they need wtforms, and importing every hook to draw a form is slow), and 3.3 reads the
+declarative form from provider info without importing the hook.
+
+The UI plugin is registered only through the ``airflow.plugins`` entry point in pyproject.toml; listing
+it here as well would register it twice.
+"""
+
+from __future__ import annotations
+
+from airflow_provider_datagen import __version__
+
+_INTEGRATION = "Datagen"
+
+
+def get_provider_info() -> dict:
+    """Return the provider description in the shape of Airflow's ``provider_info.schema.json``."""
+    return {
+        # Must equal the distribution name exactly: Airflow compares it with the installed package's
+        # metadata and `airflow providers list` raises on a mismatch.
+        "package-name": "airflow-provider-datagen",
+        "name": "Datagen",
+        "description": (
+            "Resumable per-item fan-out data generation (model calls, API calls, expensive transforms) "
+            "on an append-only Lance event log: clearing a failed task reruns only the items not done.\n"
+        ),
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": _INTEGRATION,
+                "external-doc-url": "https://pypi.org/project/airflow-provider-datagen/",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["airflow_provider_datagen.hooks.datagen"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["airflow_provider_datagen.operators.datagen"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["airflow_provider_datagen.sensors.datagen"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["airflow_provider_datagen.triggers.datagen"],
+            }
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_provider_datagen.hooks.datagen.DatagenHook",
+                "hook-name": "Datagen",
+                "connection-type": "datagen",
+                # Stored as keys of Connection.extra; DatagenHook reads the same keys.
+                "conn-fields": {
+                    "storage_options": {
+                        "label": "Storage options",
+                        "description": (
+                            "JSON object passed to Lance as storage_options, e.g. "
+                            '{"aws_access_key_id": "...", "aws_secret_access_key": "...", '
+                            '"aws_endpoint": "http://127.0.0.1:9000", "aws_region": "us-east-1"}. '
+                            "Leave empty for a local root."
+                        ),
+                        "schema": {"type": ["object", "null"]},
+                    },
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "port", "login", "password"],
+                    "relabeling": {"host": "Root URI"},
+                    "placeholders": {
+                        "host": "/data/datagen or s3://bucket/prefix (empty: $AIRFLOW_HOME/datagen)",
+                        "extra": '{"root": "s3://bucket/prefix", "storage_options": {...}}',
+                    },
+                },
+            }
+        ],
+        "extra-links": ["airflow_provider_datagen.operators.datagen.DatagenStatusLink"],
+    }
