@@ -34,8 +34,12 @@ def canonical_json(value: Any, *, what: str = "value") -> str:
     content only; NaN is refused because it does not round-trip through JSON and is not equal to itself.
     """
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except ValueError as exc:
+        if "circular" in str(exc).lower():
+            raise InvalidValueError(
+                f"{what} contains a reference cycle (a container inside itself); JSON cannot encode it"
+            ) from exc
         raise InvalidValueError(
             f"{what} contains NaN or Infinity, which JSON cannot represent; replace it with null or a string"
         ) from exc
@@ -48,6 +52,15 @@ def canonical_json(value: Any, *, what: str = "value") -> str:
             f"{what} is not JSON-serializable ({exc}); convert it to dicts, lists, str, int, float, "
             "bool or None, or pass bytes"
         ) from exc
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidValueError(
+                f"{what} contains a lone surrogate ({exc.object[exc.start : exc.end]!r}), which is not valid "
+                "Unicode text; decode the source text properly or pass bytes"
+            ) from None
+    return text
 
 
 def digest(data: bytes) -> str:
@@ -71,9 +84,7 @@ class EncodedValue:
     digest: str
 
 
-def encode_value(
-    value: Any, *, blob_threshold: int = DEFAULT_BLOB_THRESHOLD, what: str = "value"
-) -> EncodedValue:
+def encode_value(value: Any, *, blob_threshold: int = DEFAULT_BLOB_THRESHOLD, what: str = "value") -> EncodedValue:
     """Encode a field value: bytes always go to the blob column, JSON over the threshold too."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         raw = bytes(value)

@@ -15,7 +15,7 @@ from airflow_provider_datagen.exceptions import InvalidItemError, InvalidNameErr
 _ESCAPES = {"%": "%25", "/": "%2F", ":": "%3A"}
 _UNESCAPE_RE = re.compile(r"%(25|2F|3A)")
 _UNESCAPES = {"25": "%", "2F": "/", "3A": ":"}
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 
 #: Keys longer than this are refused: ids are written on every row and shown in the UI.
 MAX_KEY_LENGTH = 4096
@@ -42,6 +42,13 @@ def _check_key(key: object) -> str:
         raise InvalidItemError("item key is empty; give every item a non-empty key")
     if "\x00" in text:
         raise InvalidItemError(f"item key {text[:80]!r} contains a NUL byte; remove it from the source key")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidItemError(
+            f"item key {text[:80]!r} contains a lone surrogate and is not valid Unicode text; decode "
+            "the source key properly (or key the item by its escaped form)"
+        ) from None
     if len(text) > MAX_KEY_LENGTH:
         raise InvalidItemError(
             f"item key starting {text[:40]!r} is {len(text)} characters long; keys are limited to "
@@ -96,7 +103,7 @@ def check_name(name: object, what: str) -> str:
     if name == "":
         raise InvalidNameError(f"{what} name is empty; use letters, digits, '_', '-' or '.'")
     normalized = unicodedata.normalize("NFKC", name)
-    if normalized != name or not _NAME_RE.match(name) or name in {".", ".."} or ".." in name:
+    if normalized != name or not _NAME_RE.fullmatch(name) or name in {".", ".."} or ".." in name:
         shown = name.encode("unicode_escape").decode("ascii")[:80]
         raise InvalidNameError(
             f"{what} name {shown!r} is not allowed: use 1-128 ASCII letters, digits, '_', '-' or '.', "

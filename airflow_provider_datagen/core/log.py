@@ -94,9 +94,7 @@ def _sql_free_eq(column: str, value: str) -> pc.Expression:
 
 def _check_item_id(item_id: object) -> str:
     if not isinstance(item_id, str) or not item_id:
-        raise InvalidItemError(
-            f"item id {item_id!r} must be a non-empty string; build it with root_item_id()"
-        )
+        raise InvalidItemError(f"item id {item_id!r} must be a non-empty string; build it with root_item_id()")
     if "\x00" in item_id or len(item_id) > _MAX_ITEM_ID:
         raise InvalidItemError(
             f"item id {item_id[:60]!r} contains NUL or is over {_MAX_ITEM_ID} characters; "
@@ -322,9 +320,7 @@ class LogWriter:
         airflow: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(writer_id, str) or not writer_id or len(writer_id) > 1024 or "\x00" in writer_id:
-            raise InvalidNameError(
-                f"writer_id {writer_id!r} must be a non-empty string up to 1024 characters"
-            )
+            raise InvalidNameError(f"writer_id {writer_id!r} must be a non-empty string up to 1024 characters")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= _MAX_EPOCH:
             raise InvalidEventError(f"epoch {epoch!r} must be an int in [0, 2**31); use log.next_epoch()")
         self.log = log
@@ -420,7 +416,8 @@ class LogWriter:
                 c.iteration,
                 c.fanout_index,
                 p.field,
-                v.digest if v is not None else None,
+                # the kind keeps bytes b'"x"' and the JSON string "x" (same digest) apart
+                f"{v.kind}:{v.digest}" if v is not None else None,
                 err[0] if err else None,
                 err[1] if err else None,
             )
@@ -769,9 +766,7 @@ class CheckpointLog:
     def events(self, item_id: str) -> list[Event]:
         """Every event of one item, ordered by ``item_seq``, de-duplicated by ``event_id``."""
         _check_item_id(item_id)
-        return self._dedupe_sorted(
-            self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id)))
-        )
+        return self._dedupe_sorted(self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id))))
 
     def subtree(self, root_id: str) -> list[Event]:
         """Every event of a root item and its fan-out children (one filter on ``root_item_id``)."""
@@ -796,6 +791,28 @@ class CheckpointLog:
         for ev in self._events_from(table):
             grouped.setdefault(ev.item_id, []).append(ev)
         return {iid: fold_events(iid, grouped[iid], self.load_blob) for iid in ids}
+
+    def completed_root_states(self) -> dict[str, ItemState]:
+        """Lifecycle folds of every completed root item, from one scan of the non-blob columns."""
+        states = self.states()
+        if states.num_rows == 0:
+            return {}
+        done = states.filter(
+            pc.and_(
+                pc.equal(states["status"], ItemStatus.COMPLETED.value),
+                pc.equal(pc.count_substring(states["item_id"], "/"), 0),
+            )
+        )
+        ids = done["item_id"]
+        cols = [c for c in NON_BLOB_COLUMNS if c not in ("error_traceback", "error_message")]
+        table = self._scan(cols)
+        table = table.filter(pc.is_in(table["item_id"], value_set=ids))
+        for missing in ("error_traceback", "error_message"):
+            table = table.append_column(missing, pa.nulls(table.num_rows, pa.string()))
+        grouped: dict[str, list[Event]] = {}
+        for ev in self._events_from(table):
+            grouped.setdefault(ev.item_id, []).append(ev)
+        return {iid: fold_events(iid, evs, self.load_blob) for iid, evs in grouped.items()}
 
     def failures(self, item_id: str | None = None) -> list[FailureRecord]:
         """The failure lens: FAILED rows and fencing violations, of one item or of the whole log."""
@@ -958,3 +975,21 @@ DatagenErrorTypes = (
 )
 
 __all__ = ["Batch", "CheckpointLog", "LogWriter"]
+
+
+def read_lance_table(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table:
+    """Read a whole Lance dataset (a source of items); errors name the dataset."""
+    try:
+        return lance.dataset(uri, storage_options=storage_options).to_table()
+    except (OSError, ValueError) as exc:
+        raise InvalidItemError(f"source {uri!r} is not a readable Lance dataset: {str(exc)[:300]}") from None
+
+
+def write_results_dataset(table: pa.Table, uri: str, storage_options: dict[str, str] | None = None) -> None:
+    """Overwrite the export dataset at ``uri`` (the log is never touched)."""
+    if uri.rstrip("/").endswith("/log.lance") and "/datagen_checkpoints/" in uri:
+        raise InvalidNameError(f"export destination {uri!r} is a checkpoint log; export to another path")
+    try:
+        lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
+    except (OSError, ValueError) as exc:
+        raise LogWriteError(f"writing the export to {uri} failed: {str(exc)[:300]}") from None

@@ -1,0 +1,640 @@
+"""The resume engine: drives source items through a pipeline with inbox/ack semantics and group commit.
+
+Seed 004's durable inbox mapped onto the log: pulling a group of items writes their ITEM_CREATED rows
+in one commit *before* any work (the inbox); an item's field deltas, STEP_COMPLETED and TERMINAL are
+acknowledged together later. A run first replays inbox items (from their rebuilt coordinates when the
+processor version matches), then restarts demoted and edited items, then pulls fresh ones. Acked items
+are never invoked again. Group commit (ack every N items or T seconds, whichever first) bounds what a
+crash can cost: only unacknowledged work is redone, which is safe because processing is deterministic
+(seed 001 ``process_is_deterministic``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_datagen.core.events import StepCoord, encode_value, fingerprint_of
+from airflow_provider_datagen.core.fold import ItemState, fold_events
+from airflow_provider_datagen.core.ids import child_item_id
+from airflow_provider_datagen.core.planner import ResumePlan, as_source, classify
+from airflow_provider_datagen.core.schema import FANOUT_KINDS, ItemStatus, StepKind
+from airflow_provider_datagen.core.steps import (
+    Branch,
+    Conditional,
+    Loop,
+    MapReduce,
+    Router,
+    Sequence,
+    Step,
+    SubPipeline,
+    as_pipeline,
+)
+from airflow_provider_datagen.exceptions import DatagenError, InvalidEventError, ProcessError
+
+if TYPE_CHECKING:
+    from airflow_provider_datagen.core.log import Batch, CheckpointLog, LogWriter
+    from airflow_provider_datagen.core.sources import SourceItem
+
+log = logging.getLogger(__name__)
+
+#: Group commit defaults when ``checkpoint_every`` is None: ack every N items or T seconds.
+DEFAULT_GROUP_ITEMS = 512
+DEFAULT_GROUP_SECONDS = 2.0
+#: Inbox pulls are at least this large, so per-item acks cost about one commit per item.
+MIN_PULL = 64
+_STATE_CHUNK = 1000
+
+
+class ItemFailedError(DatagenError):
+    """An item's processing raised and ``fail_fast`` was set."""
+
+
+class ProcessInterrupted(DatagenError):
+    """The user's function raised KeyboardInterrupt or SystemExit; acknowledged work was kept."""
+
+
+class _Filtered(Exception):
+    def __init__(self, reason: Any) -> None:
+        self.reason = reason
+
+
+@dataclass
+class RunReport:
+    """What one ``run_items`` call did. Lists hold item ids in processing order."""
+
+    processed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    replayed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    invocations: int = 0
+    commits: int = 0
+    events: int = 0
+    errors: dict[str, str] = field(default_factory=dict)
+    plan: ResumePlan | None = None
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "processed": len(self.processed),
+            "skipped": len(self.skipped),
+            "replayed": len(self.replayed),
+            "failed": len(self.failed),
+            "invocations": self.invocations,
+        }
+
+
+class ItemContext:
+    """What a step function sees besides the item: identity, attempt, folded fields, emitters."""
+
+    def __init__(
+        self,
+        item_id: str,
+        key: str,
+        input_fingerprint: str,
+        attempt: int,
+        fields: dict[str, Any],
+        coord: StepCoord,
+        modes: dict[str, str],
+    ) -> None:
+        self.item_id = item_id
+        self.key = key
+        self.input_fingerprint = input_fingerprint
+        self.attempt = attempt
+        self.fields = fields
+        self.step = coord.step
+        self.iteration = coord.iteration
+        self._coord = coord
+        self._modes = modes
+        self._ops: list[tuple[str, str, Any]] = []
+        self._filtered: tuple[bool, Any] = (False, None)
+        self._emissions: dict[str, int] = {}
+
+    def _mode_check(self, name: str, mode: str) -> None:
+        prev = self._modes.get(name)
+        if prev is not None and prev != mode:
+            raise InvalidEventError(
+                f"item {self.item_id!r}: field {name!r} is written with {prev} and cannot take {mode}; "
+                "use ctx.set or ctx.append consistently for one field"
+            )
+        self._modes[name] = mode
+
+    def set(self, name: str, value: Any) -> None:
+        """Set a field (FIELD_SET), checkpointed with this step."""
+        encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
+        self._mode_check(name, "set")
+        self._ops.append(("set", name, value))
+
+    def append(self, name: str, value: Any) -> None:
+        """Append to a field (FIELD_APPEND), checkpointed with this step."""
+        encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
+        self._mode_check(name, "append")
+        self._ops.append(("append", name, value))
+
+    def filter(self, reason: Any = None) -> None:
+        """Finish the item as ``filtered`` after this step (a terminal state, never retried)."""
+        if reason is not None:
+            enc = encode_value(reason, what=f"filter reason of item {self.item_id!r}")
+            if enc.json_text is None:
+                raise InvalidEventError(f"item {self.item_id!r}: a filter reason must be small JSON")
+        self._filtered = (True, reason)
+
+    def idempotency_key(self, name: str) -> str:
+        """A key for an external side effect, equal on every replay of the same work.
+
+        Derived from the input fingerprint, the step coordinates and the emission index, never from
+        time or attempt, so a receiver can drop the duplicate of an emission replayed after a crash.
+        """
+        n = self._emissions.get(name, 0)
+        self._emissions[name] = n + 1
+        c = self._coord
+        text = "\x1f".join(
+            str(p)
+            for p in (
+                self.item_id,
+                self.input_fingerprint,
+                c.enclosing_step,
+                c.step,
+                c.iteration,
+                c.fanout_index,
+                name,
+                n,
+            )
+        )
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+@dataclass
+class _Item:
+    """One item (root or fan-out child) being driven through its pipeline in this run."""
+
+    item_id: str
+    key: str
+    data: dict[str, Any]
+    fingerprint: str
+    state: ItemState | None
+    children: dict[str, ItemState]
+    fields: dict[str, Any] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)
+    completed: set[tuple[Any, ...]] = field(default_factory=set)
+    open: set[tuple[Any, ...]] = field(default_factory=set)
+    attempt: int = 1
+
+    @classmethod
+    def start(
+        cls, item_id: str, key: str, data: dict[str, Any], fp: str, state: ItemState | None, children: Any
+    ) -> _Item:
+        it = cls(item_id, key, data, fp, state, children)
+        if state is not None and state.status is ItemStatus.RUNNING and state.input_fingerprint == fp:
+            it.fields = dict(state.fields)
+            it.modes = dict(state.field_modes)
+            it.completed = {c.coord.frame_key for c in state.completed_steps}
+            it.open = {c.frame_key for c in state.open_frames}
+            it.attempt = state.failures + 1
+        return it
+
+
+class _Runner:
+    def __init__(
+        self,
+        log: CheckpointLog,
+        writer: LogWriter,
+        pipeline: Step,
+        processor_version: str,
+        checkpoint_every: int | None,
+        checkpoint_interval: float,
+        fail_fast: bool,
+        report: RunReport,
+        progress: Callable[[int, int], None] | None,
+        reraise: tuple[type[BaseException], ...],
+    ) -> None:
+        self.log = log
+        self.writer = writer
+        self.pipeline = pipeline
+        self.pv = processor_version
+        self.group = checkpoint_every or DEFAULT_GROUP_ITEMS
+        self.per_step = checkpoint_every == 1
+        self.interval = checkpoint_interval
+        self.fail_fast = fail_fast
+        self.report = report
+        self.progress = progress
+        self.reraise = reraise
+        self.batch: Batch = self._new_batch()
+        self.acked = 0
+        self.last_flush = time.monotonic()
+        self.has_fanout = _has_fanout(pipeline)
+
+    def _new_batch(self) -> Batch:
+        from airflow_provider_datagen.core.log import Batch
+
+        return Batch(self.writer)
+
+    # --- commits ----------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        if len(self.batch):
+            n = self.writer.commit(self.batch)
+            self.report.commits += 1
+            self.report.events += n
+        self.batch = self._new_batch()
+        self.acked = 0
+        self.last_flush = time.monotonic()
+
+    def maybe_flush(self, *, boundary: bool = False) -> None:
+        if not len(self.batch):
+            return
+        if (
+            self.acked >= self.group
+            or (boundary and self.per_step)
+            or time.monotonic() - self.last_flush >= self.interval
+        ):
+            self.flush()
+
+    def pull(self, items: list[tuple[SourceItem, ItemState | None]]) -> None:
+        """The inbox: one commit of ITEM_CREATED rows before any of these items is processed."""
+        if not items:
+            return
+        self.flush()
+        inbox = self._new_batch()
+        for src, _ in items:
+            inbox.item_created(src.item_id, input_fingerprint=src.fingerprint, processor_version=self.pv)
+        self.report.events += self.writer.commit(inbox)
+        self.report.commits += 1
+
+    # --- driving items ------------------------------------------------------------------------
+
+    def run_root(self, src: SourceItem, state: ItemState | None, replayed: bool) -> None:
+        children: dict[str, ItemState] = {}
+        if self.has_fanout and state is not None and state.status is ItemStatus.RUNNING:
+            children = self._children_states(src.item_id)
+        item = _Item.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
+        if replayed:
+            self.report.replayed.append(src.item_id)
+        try:
+            status, reason = self._drive(item, self.pipeline, None, None, None)
+        except BaseException as exc:
+            self._on_failure(item, exc)
+            return
+        self.batch.terminal(item.item_id, status=status, reason=reason)
+        self.acked += 1
+        self.report.processed.append(item.item_id)
+        self.maybe_flush(boundary=True)
+
+    def _on_failure(self, item: _Item, exc: BaseException) -> None:
+        err = exc.__cause__ if isinstance(exc, _StepFailure) and exc.__cause__ is not None else exc
+        if self.reraise and isinstance(err, self.reraise):
+            # An orchestrator's timeout or kill must end the run, not fail one item and go on.
+            self.flush()
+            raise err
+        where = exc.coord if isinstance(exc, _StepFailure) else StepCoord()
+        failed_id = exc.item_id if isinstance(exc, _StepFailure) else item.item_id
+        self.batch.failed(
+            failed_id,
+            error=err,
+            step=where.step,
+            step_kind=where.step_kind,
+            enclosing_step=where.enclosing_step,
+            iteration=where.iteration,
+            fanout_index=where.fanout_index,
+        )
+        if failed_id != item.item_id:
+            # A child's failure also fails its root, so the root's failure lens tells the story.
+            self.batch.failed(item.item_id, error=err, step=where.step)
+        self.report.failed.append(item.item_id)
+        self.report.errors[item.item_id] = f"{type(err).__name__}: {err}"
+        log.warning("item %s failed: %s: %s", item.item_id, type(err).__name__, err)
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            self.flush()
+            raise ProcessInterrupted(
+                f"the process function raised {type(err).__name__} on item {item.item_id!r}; acknowledged "
+                "items were kept and the item stays pending for the next run"
+            ) from err
+        if self.fail_fast:
+            self.flush()
+            raise ItemFailedError(
+                f"item {item.item_id!r} failed with {type(err).__name__}: {err} (fail_fast=True stopped the "
+                "run; rerun to retry it)"
+            ) from err
+        self.maybe_flush(boundary=True)
+
+    def _children_states(self, root_id: str) -> dict[str, ItemState]:
+        events = self.log.subtree(root_id)
+        by_item: dict[str, list[Any]] = {}
+        for ev in events:
+            if ev.item_id != root_id:
+                by_item.setdefault(ev.item_id, []).append(ev)
+        states = {iid: fold_events(iid, evs, self.log.load_blob) for iid, evs in by_item.items()}
+        for iid, st in states.items():
+            self.writer.prime(
+                iid, last_seq=st.last_seq, input_fingerprint=st.input_fingerprint, field_modes=st.field_modes
+            )
+        return states
+
+    def _ctx(self, item: _Item, coord: StepCoord) -> ItemContext:
+        return ItemContext(item.item_id, item.key, item.fingerprint, item.attempt, item.fields, coord, dict(item.modes))
+
+    def _drive(
+        self,
+        item: _Item,
+        step: Step,
+        enclosing: str | None,
+        iteration: int | None,
+        selector: str | None,
+    ) -> tuple[str, Any]:
+        """Run ``step`` for ``item``; returns the terminal status and filter reason."""
+        try:
+            self._run(item, step, enclosing, iteration, selector)
+        except _Filtered as f:
+            return ItemStatus.FILTERED.value, f.reason
+        return ItemStatus.COMPLETED.value, None
+
+    def _run(self, item: _Item, step: Step, enclosing: str | None, iteration: int | None, selector: str | None) -> None:
+        kind = type(step).kind
+        coord = StepCoord(step.name, kind.value, enclosing, iteration, None, selector)
+        path = f"{enclosing}/{step.name}" if enclosing else step.name
+        if isinstance(step, Sequence):
+            if coord.frame_key in item.completed:
+                return
+            self._start_frame(item, coord)
+            for child in step.steps:
+                self._run(item, child, path, iteration, None)
+            self._complete(item, coord, {}, [])
+        elif isinstance(step, Loop):
+            self._run_loop(item, step, enclosing, selector, path)
+        elif isinstance(step, (MapReduce, Branch, SubPipeline)):
+            self._run_fanout(item, step, coord, path)
+        elif isinstance(step, Conditional):
+            ctx = self._ctx(item, coord)
+            chosen = step.then if step.predicate(item.data, ctx) else step.otherwise
+            if chosen is not None:
+                self._run(item, chosen, enclosing, iteration, step.name)
+        elif isinstance(step, Router):
+            ctx = self._ctx(item, coord)
+            name = step.route(item.data, ctx)
+            target = step.routes.get(str(name)) or (step.routes[step.default] if step.default else None)
+            if target is None:
+                raise _StepFailure(
+                    item.item_id,
+                    coord,
+                    ProcessError(
+                        f"item {item.item_id!r}: router {step.name!r} chose {name!r}, which is not one of "
+                        f"{sorted(step.routes)}; add the route or a default"
+                    ),
+                )
+            self._run(item, target, enclosing, iteration, step.name)
+        else:
+            self._run_leaf(item, step, coord)
+
+    def _start_frame(self, item: _Item, coord: StepCoord) -> None:
+        if coord.frame_key not in item.open:
+            self.batch.step_started(
+                item.item_id,
+                step=coord.step or "",
+                step_kind=coord.step_kind or StepKind.SEQUENCE.value,
+                enclosing_step=coord.enclosing_step,
+                iteration=coord.iteration,
+                fanout_index=coord.fanout_index,
+                selector_step=coord.selector_step,
+            )
+            item.open.add(coord.frame_key)
+
+    def _complete(
+        self, item: _Item, coord: StepCoord, sets: Mapping[str, Any], ops: Iterable[tuple[str, str, Any]]
+    ) -> None:
+        """Stage a step's field delta and its STEP_COMPLETED together (one checkpoint unit)."""
+        b = self.batch
+        for op, name, value in ops:
+            if op == "set":
+                b.field_set(item.item_id, name, value, step=coord.step)
+                item.fields[name] = value
+            else:
+                b.field_append(item.item_id, name, value, step=coord.step)
+                prev = item.fields.get(name) if item.modes.get(name) == "append" else None
+                item.fields[name] = [*(prev or []), value]
+            item.modes[name] = op
+        for name, value in sets.items():
+            b.field_set(item.item_id, name, value, step=coord.step)
+            item.fields[name] = value
+            item.modes[name] = "set"
+        b.step_completed(
+            item.item_id,
+            step=coord.step or "",
+            processor_version=self.pv,
+            step_kind=coord.step_kind,
+            enclosing_step=coord.enclosing_step,
+            iteration=coord.iteration,
+            fanout_index=coord.fanout_index,
+            selector_step=coord.selector_step,
+        )
+        item.completed.add(coord.frame_key)
+        item.open.discard(coord.frame_key)
+        self.maybe_flush(boundary=True)
+
+    def _run_leaf(self, item: _Item, step: Step, coord: StepCoord) -> None:
+        if coord.frame_key in item.completed:
+            return
+        ctx = self._ctx(item, coord)
+        self.report.invocations += 1
+        try:
+            result = step.fn(item.data, ctx)
+            sets = self._check_result(item, step, result)
+            if sets:
+                for name in sets:
+                    ctx._mode_check(name, "set")
+        except Exception as exc:
+            raise _StepFailure(item.item_id, coord, exc) from exc
+        except BaseException as exc:
+            raise _StepFailure(item.item_id, coord, exc) from exc
+        self._complete(item, coord, sets, ctx._ops)
+        if ctx._filtered[0]:
+            raise _Filtered(ctx._filtered[1])
+
+    def _check_result(self, item: _Item, step: Step, result: Any) -> dict[str, Any]:
+        if result is None:
+            return {}
+        if not isinstance(result, Mapping):
+            raise ProcessError(
+                f"item {item.item_id!r}: step {step.name!r} returned a {type(result).__name__}; return a dict "
+                "of fields (or None) from the process function"
+            )
+        out: dict[str, Any] = {}
+        for name, value in result.items():
+            if not isinstance(name, str) or not name:
+                raise ProcessError(f"item {item.item_id!r}: step {step.name!r} returned a non-string field name")
+            encode_value(value, what=f"field {name!r} returned by step {step.name!r} for item {item.item_id!r}")
+            out[name] = value
+        return out
+
+    def _run_loop(self, item: _Item, step: Loop, enclosing: str | None, selector: str | None, path: str) -> None:
+        for i in range(step.max_iterations):
+            coord = StepCoord(step.name, StepKind.LOOP.value, enclosing, i, None, selector)
+            if coord.frame_key in item.completed:
+                continue
+            # Only decide to stop where the original run would have: before an unstarted iteration.
+            if step.until is not None and i > 0 and coord.frame_key not in item.open and step.until(item.fields):
+                return
+            self._start_frame(item, coord)
+            self.maybe_flush(boundary=True)
+            self._run(item, step.body, f"{path}#{i}", i, None)
+            self._complete(item, coord, {}, [])
+
+    def _run_fanout(self, item: _Item, step: Step, coord: StepCoord, path: str) -> None:
+        if coord.frame_key in item.completed:
+            return
+        ctx = self._ctx(item, coord)
+        if isinstance(step, MapReduce):
+            inputs = [dict(x) for x in step.over(item.data, ctx)]
+            bodies: list[Step] = [step.map] * len(inputs)
+        elif isinstance(step, Branch):
+            inputs = [item.data] * len(step.branches)
+            bodies = list(step.branches)
+        else:
+            assert isinstance(step, SubPipeline)
+            inputs = [dict(step.input(item.data, ctx)) if step.input else item.data]
+            bodies = [step.pipeline]
+        children_fields: list[dict[str, Any]] = []
+        for idx, (child_input, body) in enumerate(zip(inputs, bodies)):
+            cid = child_item_id(item.item_id, step.name, idx)
+            fp = fingerprint_of(child_input)
+            cstate = item.children.get(cid)
+            if cstate is not None and cstate.is_done and cstate.input_fingerprint == fp:
+                children_fields.append(dict(cstate.fields))
+                continue
+            resumable = (
+                cstate is not None
+                and cstate.status is ItemStatus.RUNNING
+                and cstate.input_fingerprint == fp
+                and cstate.processor_version == self.pv
+            )
+            if resumable:
+                child = _Item.start(cid, item.key, child_input, fp, cstate, item.children)
+            else:
+                if cstate is None:
+                    self.writer.prime(cid, last_seq=-1)
+                child = _Item(cid, item.key, child_input, fp, None, item.children)
+                self.batch.item_created(
+                    cid,
+                    input_fingerprint=fp,
+                    processor_version=self.pv,
+                    parent_item_id=item.item_id,
+                    step=step.name,
+                    step_kind=type(step).kind.value,
+                    enclosing_step=coord.enclosing_step,
+                    fanout_index=idx,
+                    selector_step=coord.selector_step,
+                )
+            status, reason = self._drive(child, body, path, None, None)
+            self.batch.terminal(cid, status=status, reason=reason)
+            children_fields.append(dict(child.fields))
+        sets: dict[str, Any] = {}
+        try:
+            reduce = getattr(step, "reduce", None)
+            if reduce is not None:
+                self.report.invocations += 1
+                sets = self._check_result(item, step, reduce(children_fields, ctx))
+            else:
+                for f in children_fields:
+                    sets.update(f)
+        except Exception as exc:
+            raise _StepFailure(item.item_id, coord, exc) from exc
+        self._complete(item, coord, sets, [])
+
+
+class _StepFailure(Exception):
+    """Carries the failing item and coordinates of a step's error up to the root item."""
+
+    def __init__(self, item_id: str, coord: StepCoord, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.item_id = item_id
+        self.coord = coord
+        self.__cause__ = exc
+
+
+def _has_fanout(step: Step) -> bool:
+    return type(step).kind in FANOUT_KINDS or any(_has_fanout(c) for c in step.children())
+
+
+def run_items(
+    log: CheckpointLog,
+    items: Iterable[Any],
+    process_or_pipeline: Any,
+    *,
+    key_field: str = "id",
+    processor_version: str = "v1",
+    writer_id: str = "w1",
+    epoch: int = 1,
+    checkpoint_every: int | None = None,
+    fail_fast: bool = False,
+    checkpoint_interval: float = DEFAULT_GROUP_SECONDS,
+    airflow: dict[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    reraise: tuple[type[BaseException], ...] = (),
+) -> RunReport:
+    """Process every pending item of ``items`` and record it in ``log``; touch nothing that is done.
+
+    ``checkpoint_every=N`` acknowledges N items per commit (``1`` also checkpoints every step
+    boundary); None (the default) is group commit: :data:`DEFAULT_GROUP_ITEMS` items or
+    ``checkpoint_interval`` seconds, whichever comes first. ``reraise`` lists exception types that must
+    end the run instead of failing one item (an orchestrator's timeout, say).
+    """
+    if checkpoint_every is not None and (
+        isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1
+    ):
+        raise InvalidEventError(f"checkpoint_every must be a positive int or None, got {checkpoint_every!r}")
+    if not isinstance(processor_version, str) or not processor_version:
+        raise InvalidEventError(f"processor_version must be a non-empty string, got {processor_version!r}")
+    pipeline = as_pipeline(process_or_pipeline)
+    source = as_source(items, key_field)
+    writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
+    states = log.states()
+    plan = classify(source, states, processor_version, log.version)
+    report = RunReport(skipped=list(plan.skip), plan=plan)
+    runner = _Runner(
+        log,
+        writer,
+        pipeline,
+        processor_version,
+        checkpoint_every,
+        checkpoint_interval,
+        fail_fast,
+        report,
+        progress,
+        reraise,
+    )
+    by_id = {s.item_id: s for s in source}
+    total = len(plan.pending)
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    # 1. The inbox: items created and never acknowledged, resumed from their coordinates.
+    for chunk in _chunks(plan.replay, _STATE_CHUNK):
+        for iid, st in log.item_states(chunk).items():
+            writer.prime(iid, last_seq=st.last_seq, input_fingerprint=st.input_fingerprint, field_modes=st.field_modes)
+            runner.run_root(by_id[iid], st, replayed=True)
+            tick()
+    # 2. Restarts (demoted cursors, edited inputs) and fresh items: pulled into the inbox first.
+    restart = [*plan.demoted, *plan.invalidated, *plan.fresh]
+    pull = max(runner.group, MIN_PULL)
+    replayed_restarts = set(plan.demoted)
+    for chunk in _chunks(restart, pull):
+        for iid in chunk:
+            writer.prime(iid, last_seq=plan.last_seq.get(iid, -1))
+        runner.pull([(by_id[iid], None) for iid in chunk])
+        for iid in chunk:
+            runner.run_root(by_id[iid], None, replayed=iid in replayed_restarts)
+            tick()
+    runner.flush()
+    return report
+
+
+def _chunks(seq: list[str], n: int) -> Iterable[list[str]]:
+    for i in range(0, len(seq), n):
+        yield seq[i : i + n]

@@ -1,0 +1,116 @@
+"""Source items: validation, identity (key -> item id) and input fingerprints, and file readers.
+
+An item's identity is its source key plus its input fingerprint (a digest of the whole item's
+canonical JSON), never its position, so reordering a source changes nothing, an edited item is pending
+again and a renamed key is a new item.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_provider_datagen.core.events import fingerprint_of
+from airflow_provider_datagen.core.ids import root_item_id
+from airflow_provider_datagen.exceptions import InvalidItemError
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One validated source item."""
+
+    item_id: str
+    key: str
+    data: dict[str, Any]
+    fingerprint: str
+    position: int
+
+
+def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceItem]:
+    """Validate every item before anything is written: dicts, keyed, unique keys, JSON-encodable."""
+    if isinstance(items, (str, bytes, Mapping)):
+        raise InvalidItemError(
+            f"items must be an iterable of dicts, got a {type(items).__name__}; wrap a single item in a list"
+        )
+    if not isinstance(key_field, str) or not key_field:
+        raise InvalidItemError(f"key_field {key_field!r} must be a non-empty string")
+    out: list[SourceItem] = []
+    seen: dict[str, int] = {}
+    for pos, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InvalidItemError(
+                f"item #{pos} is a {type(item).__name__}, not a dict; every source item must be a JSON object"
+            )
+        if key_field not in item:
+            raise InvalidItemError(
+                f"item #{pos} has no key field {key_field!r} (it has {sorted(map(str, item))[:8]}); "
+                "set key_field= to the name of the unique id column"
+            )
+        key = item[key_field]
+        try:
+            iid = root_item_id(key)
+        except InvalidItemError as exc:
+            raise InvalidItemError(f"item #{pos}: {exc}") from None
+        if iid in seen:
+            raise InvalidItemError(
+                f"duplicate key {str(key)[:200]!r} (items #{seen[iid]} and #{pos}); keys must be unique "
+                "in one source: de-duplicate the source or choose another key_field"
+            )
+        seen[iid] = pos
+        data = dict(item)
+        try:
+            fp = fingerprint_of(data)
+        except InvalidItemError:
+            raise
+        except Exception as exc:
+            raise InvalidItemError(f"item {iid!r}: {exc}") from None
+        out.append(SourceItem(iid, str(key), data, fp, pos))
+    return out
+
+
+def read_source(source: Any) -> Iterator[dict[str, Any]]:
+    """Iterate the dicts of a source: a list of dicts, or a ``.jsonl``, ``.parquet`` or ``.lance`` path."""
+    if isinstance(source, (list, tuple)):
+        yield from source
+        return
+    if not isinstance(source, (str, os.PathLike)):
+        raise InvalidItemError(
+            f"source must be a list of dicts or a path/URI to .jsonl, .parquet or .lance, got {type(source).__name__}"
+        )
+    path = os.fspath(source)
+    lower = path.rstrip("/").lower()
+    local = "://" not in path
+    if local and not os.path.exists(path):
+        raise InvalidItemError(f"source {path!r} does not exist; check the path (relative to the worker's cwd)")
+    if lower.endswith(".jsonl") or lower.endswith(".ndjson"):
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise InvalidItemError(f"source {path!r} line {n} is not JSON: {exc}") from None
+    elif lower.endswith(".parquet"):
+        yield from _table_rows(pq.read_table(path))
+    elif lower.endswith(".lance"):
+        from airflow_provider_datagen.core import log as _log  # the only module that imports lance
+
+        yield from _table_rows(_log.read_lance_table(path))
+    else:
+        raise InvalidItemError(f"source {path!r}: unknown format; use a .jsonl, .parquet or .lance path")
+
+
+def _table_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
+    for batch in table.to_batches(max_chunksize=10_000):
+        yield from batch.to_pylist()
+
+
+def load_source(source: Any, key_field: str = "id") -> list[SourceItem]:
+    """Read and validate a whole source."""
+    return prepare_items(read_source(source), key_field)
