@@ -116,13 +116,28 @@ class ItemState:
         return self.status in (ItemStatus.COMPLETED, ItemStatus.FILTERED)
 
 
-def _winners(events: Iterable[Event]) -> tuple[list[Event], list[Violation], int, int]:
-    """De-duplicate, resolve conflicts per sequence and apply epoch fencing; returns applied events."""
+def _copy_rank(ev: Event) -> tuple[int, str]:
+    """Which copy of a retried event the read path keeps: the highest epoch, then the writer id.
+
+    Copies share everything the fold reads; ranking them totally (not "first seen") keeps the
+    violations and failure records a function of the set of events, whatever the scan order.
+    """
+    return (ev.writer_epoch, ev.writer_id)
+
+
+def dedupe(events: Iterable[Event]) -> dict[str, Event]:
+    """One copy per ``event_id``: the one of highest :func:`_copy_rank`."""
     by_id: dict[str, Event] = {}
     for ev in events:
         seen = by_id.get(ev.event_id)
-        if seen is None or ev.writer_epoch > seen.writer_epoch:
+        if seen is None or _copy_rank(ev) > _copy_rank(seen):
             by_id[ev.event_id] = ev
+    return by_id
+
+
+def _winners(events: Iterable[Event]) -> tuple[list[Event], list[Violation], int, int]:
+    """De-duplicate, resolve conflicts per sequence and apply epoch fencing; returns applied events."""
+    by_id = dedupe(events)
     ordered = sorted(by_id.values(), key=lambda e: (e.item_seq, -e.writer_epoch, e.event_key))
     applied: list[Event] = []
     violations: list[Violation] = []
@@ -217,12 +232,9 @@ def fold_events(item_id: str, events: Iterable[Event], loader: Any = None) -> It
 
 def failure_records(events: Iterable[Event], violations: Iterable[Violation] = ()) -> list[FailureRecord]:
     """The failure lens: FAILED rows (de-duplicated, in sequence order) plus fencing violations."""
-    seen: set[str] = set()
     out: list[FailureRecord] = []
-    for ev in sorted(events, key=lambda e: (e.item_seq, e.writer_epoch)):
-        if ev.event_type is not EventType.FAILED or ev.event_id in seen:
-            continue
-        seen.add(ev.event_id)
+    failed = dedupe(ev for ev in events if ev.event_type is EventType.FAILED).values()
+    for ev in sorted(failed, key=lambda e: (e.item_id, e.item_seq, -e.writer_epoch, e.event_key)):
         out.append(
             FailureRecord(
                 item_id=ev.item_id,

@@ -37,6 +37,7 @@ from airflow_provider_datagen.core.fold import (
     STATE_SCHEMA,
     FailureRecord,
     ItemState,
+    dedupe,
     failure_records,
     fold_events,
     fold_table,
@@ -756,11 +757,7 @@ class CheckpointLog:
         return out
 
     def _dedupe_sorted(self, events: list[Event]) -> list[Event]:
-        best: dict[str, Event] = {}
-        for ev in events:
-            seen = best.get(ev.event_id)
-            if seen is None or ev.writer_epoch > seen.writer_epoch:
-                best[ev.event_id] = ev
+        best = dedupe(events)
         return sorted(best.values(), key=lambda e: (e.item_id, e.item_seq, -e.writer_epoch, e.event_key))
 
     def events(self, item_id: str) -> list[Event]:
@@ -910,6 +907,29 @@ class CheckpointLog:
             "events": int(ds.count_rows()),
             "size_bytes": size,
         }
+
+    def write_source_snapshot(self, items: Sequence[Any]) -> str:
+        """Store an inline source once, content-addressed beside the log; returns its URI."""
+        from airflow_provider_datagen.core.chunks import snapshot_digest
+        from airflow_provider_datagen.core.events import canonical_json
+
+        uri = f"{self.uri.rsplit('/', 1)[0]}/sources/{snapshot_digest(list(items))}.lance"
+        try:
+            lance.dataset(uri, storage_options=self.storage_options)
+            return uri
+        except (ValueError, OSError):
+            pass
+        table = pa.table(
+            {
+                "item_id": [s.item_id for s in items],
+                "item": [canonical_json(s.data, what=f"item {s.item_id!r}") for s in items],
+            }
+        )
+        try:
+            lance.write_dataset(table, uri, mode="overwrite", storage_options=self.storage_options)
+        except (OSError, ValueError) as exc:
+            raise self._translate(exc, "writing the source snapshot") from None
+        return uri
 
     # --- maintenance --------------------------------------------------------------------------
 

@@ -312,6 +312,11 @@ class _Runner:
                 f"the process function raised {type(err).__name__} on item {item.item_id!r}; acknowledged "
                 "items were kept and the item stays pending for the next run"
             ) from err
+        if not isinstance(err, Exception):
+            # Anything else outside Exception (an orchestrator's task timeout, say) ends the run: it is
+            # not the item's fault, and swallowing it would defeat the timeout.
+            self.flush()
+            raise err
         if self.fail_fast:
             self.flush()
             raise ItemFailedError(

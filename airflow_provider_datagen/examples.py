@@ -1,0 +1,103 @@
+"""Deterministic stand-ins for expensive per-item work, used by the example DAGs, the demo and tests.
+
+They hash their input instead of calling a model, so runs are reproducible offline; a few items fail
+on their first attempt, like a flaky API, to show that clearing a failed task retries only them.
+Set ``DATAGEN_INVOCATION_LOG`` to a file path to have every call appended to it (tests count
+invocations there), and ``DATAGEN_FAKE_LATENCY`` to seconds to make each call slow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+from airflow_provider_datagen.core import Conditional, ItemContext, Loop, MapReduce, Sequence, Step
+
+
+class TransientModelError(RuntimeError):
+    """A fake model's flaky first attempt."""
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _record(name: str, ctx: ItemContext) -> None:
+    path = os.environ.get("DATAGEN_INVOCATION_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{name}\t{ctx.item_id}\t{ctx.attempt}\t{os.getpid()}\n")
+    latency = float(os.environ.get("DATAGEN_FAKE_LATENCY", "0") or 0)
+    if latency > 0:
+        time.sleep(latency)
+
+
+def flaky_on_first_attempt(item_id: str) -> bool:
+    """About one item in eight fails its first attempt (deterministic in the id)."""
+    return int(_digest(item_id)[:4], 16) % 8 == 0
+
+
+def fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
+    """Answer a prompt with a hash; some items fail on their first attempt."""
+    _record("fake_model", ctx)
+    if ctx.attempt == 1 and flaky_on_first_attempt(ctx.item_id):
+        raise TransientModelError(f"model endpoint timed out for {ctx.item_id} (a fake, transient error)")
+    h = _digest(str(item.get("prompt", "")))
+    return {"answer": f"answer-{h[:12]}", "tokens": int(h[12:16], 16) % 500 + 1}
+
+
+def _draft(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
+    _record("draft", ctx)
+    prev = ctx.fields.get("draft", item["question"])
+    return {"draft": _digest(f"{prev}|{ctx.iteration}")[:16]}
+
+
+def _candidates(item: dict[str, Any], ctx: ItemContext) -> list[dict[str, Any]]:
+    return [{"question": item["question"], "draft": ctx.fields["draft"], "seed": s} for s in range(2)]
+
+
+def _solve(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
+    _record("solve", ctx)
+    return {"solution": int(_digest(f"{item['draft']}|{item['seed']}")[:6], 16) % 100}
+
+
+def _vote(children: list[dict[str, Any]], ctx: ItemContext) -> dict[str, Any]:
+    scores = [c["solution"] for c in children]
+    return {"score": max(scores), "agreement": len(set(scores)) == 1}
+
+
+def _is_hard(item: dict[str, Any], ctx: ItemContext) -> bool:
+    return ctx.fields["score"] >= 50
+
+
+def _escalate(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
+    _record("escalate", ctx)
+    return {"route": "expert", "final": f"expert:{ctx.fields['draft']}"}
+
+
+def _accept(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
+    return {"route": "auto", "final": f"auto:{ctx.fields['draft']}"}
+
+
+#: A multi-step pipeline: a Loop of drafts, a MapReduce fan-out into two solver children per item
+#: (child ids ``<key>/solve_twice:0`` and ``:1``), and a Conditional choosing a route.
+qa_pipeline = Sequence(
+    "qa",
+    [
+        Loop("refine", Step("draft", _draft), times=3),
+        MapReduce("solve_twice", over=_candidates, map=Step("solve", _solve), reduce=_vote),
+        Conditional("check", _is_hard, then=Step("escalate", _escalate), otherwise=Step("accept", _accept)),
+    ],
+)
+
+
+def prompts(n: int) -> list[dict[str, Any]]:
+    """``n`` deterministic prompt items keyed ``p0000``, ``p0001``, ..."""
+    return [{"id": f"p{i:04d}", "prompt": f"Write a haiku about the number {i}."} for i in range(n)]
+
+
+def questions(n: int) -> list[dict[str, Any]]:
+    """``n`` deterministic question items for the pipeline example."""
+    return [{"id": f"q{i:03d}", "question": f"What is {i} squared plus {i}?"} for i in range(n)]

@@ -1,0 +1,501 @@
+"""Operators: plan pending work, run it resumably per item in mapped chunks, export, maintain.
+
+Each operator is a thin adapter: ``__init__`` stores and checks cheap keyword arguments, the hook is a
+``cached_property``, and ``execute`` calls one function of :mod:`airflow_provider_datagen.core`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import re
+import time
+from collections.abc import Mapping
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset, BaseOperator
+
+from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
+from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.links import DatagenStatusLink
+
+if TYPE_CHECKING:
+    import logging
+
+    from airflow.sdk import Context
+
+    from airflow_provider_datagen.core import CheckpointLog
+
+STATUS_XCOM_KEY = "datagen_status"
+REPORT_XCOM_KEY = "datagen_report"
+STATUS_KEYS = (
+    "pipeline",
+    "experiment",
+    "total",
+    "completed",
+    "filtered",
+    "running",
+    "never_started",
+    "failed_items",
+    "pending",
+    "log_version",
+)
+_PROCESS_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_FAILED_SHOWN = 20
+
+
+class ItemsFailedError(DatagenError):
+    """Some items of a chunk failed; they are recorded in the log and pending for a rerun."""
+
+
+def _check_name(value: Any, param: str) -> str:
+    from airflow_provider_datagen.core.ids import check_name
+
+    if isinstance(value, str) and "{{" in value:
+        return value  # a Jinja template: checked after rendering, in execute
+    try:
+        return check_name(value, param)
+    except DatagenError as exc:
+        raise ConfigurationError(f"{param}: {exc}") from None
+
+
+def _check_positive(value: Any, param: str, *, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{param} must be a positive int, got {value!r}")
+    return value
+
+
+def resolve_process(process: Any) -> Any:
+    """A callable or Step from ``"package.module:function"``, a callable or a step pipeline."""
+    from airflow_provider_datagen.core.steps import Step
+
+    if isinstance(process, Step) or callable(process):
+        return process
+    if not isinstance(process, str) or not _PROCESS_PATH_RE.match(process):
+        raise ConfigurationError(
+            f"process {process!r} must be a callable, a Step pipeline or a 'package.module:function' path"
+        )
+    module_name, _, attr = process.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"process {process!r}: cannot import module {module_name!r} ({exc}); make it importable on the "
+            "workers (a package, or a module next to the DAG file)"
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigurationError(f"process {process!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not (isinstance(obj, Step) or callable(obj)):
+        raise ConfigurationError(f"process {process!r} is a {type(obj).__name__}, not a callable or a Step")
+    return obj
+
+
+def _status(log: CheckpointLog, items: Any = None, key_field: str = "id") -> dict[str, Any]:
+    from airflow_provider_datagen.core import status_of
+
+    return status_of(log, items, key_field)
+
+
+class _DatagenBase(BaseOperator):
+    """Shared plumbing: the hook, the log, the status XCom and the extra link."""
+
+    operator_extra_links = (DatagenStatusLink(),)
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self, *, pipeline: str, experiment: str, datagen_conn_id: str = DatagenHook.default_conn_name, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = _check_name(pipeline, "pipeline")
+        self.experiment = _check_name(experiment, "experiment")
+        self.datagen_conn_id = datagen_conn_id
+
+    @cached_property
+    def hook(self) -> DatagenHook:
+        return DatagenHook(datagen_conn_id=self.datagen_conn_id)
+
+    def get_log(self) -> CheckpointLog:
+        _check_name(self.pipeline, "pipeline")
+        _check_name(self.experiment, "experiment")
+        return self.hook.get_log(self.pipeline, self.experiment)
+
+    def push_status(self, context: Context, status: Mapping[str, Any]) -> dict[str, Any]:
+        payload = dict(status)
+        context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=payload)
+        self.log.info(
+            "datagen %s/%s: %s completed, %s filtered, %s running, %s never started, %s failed items, "
+            "%s pending (log version %s)",
+            payload.get("pipeline"),
+            payload.get("experiment"),
+            payload.get("completed"),
+            payload.get("filtered"),
+            payload.get("running"),
+            payload.get("never_started"),
+            payload.get("failed_items"),
+            payload.get("pending"),
+            payload.get("log_version"),
+        )
+        return payload
+
+
+class DatagenPlanOperator(_DatagenBase):
+    """
+    Plan pending work: fold the log once and return chunks of the items that are not done.
+
+    The return value is a list of kwargs dicts for ``DatagenMapOperator.partial(...).expand_kwargs()``;
+    each names its source and item ids (never payloads). With nothing pending it is empty, so the
+    mapped task is skipped. Inline sources are snapshotted once next to the log so mapped workers read
+    the very items that were planned.
+
+    :param pipeline: pipeline name (a directory under ``datagen_checkpoints/``).
+    :param experiment: experiment name; one event log per pipeline/experiment.
+    :param source: a list of dicts, or a path/URI to a ``.jsonl``, ``.parquet`` or ``.lance`` source.
+    :param key_field: the field holding each item's unique source key.
+    :param chunk_size: items per mapped task instance (grown if the chunks would exceed
+        ``[core] max_map_length``).
+    :param processor_version: version of the processing code; cursors of other versions are demoted.
+    :param datagen_conn_id: connection of type ``datagen`` (root URI and storage options).
+    """
+
+    template_fields = ("pipeline", "experiment", "source", "processor_version")
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        experiment: str,
+        source: Any,
+        key_field: str = "id",
+        chunk_size: int = 100,
+        processor_version: str = "v1",
+        datagen_conn_id: str = DatagenHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+        if not isinstance(source, (list, tuple, str, os.PathLike)):
+            raise ConfigurationError(
+                f"source must be a list of dicts or a path/URI string, got {type(source).__name__}"
+            )
+        if not isinstance(key_field, str) or not key_field:
+            raise ConfigurationError(f"key_field must be a non-empty string, got {key_field!r}")
+        self.source = list(source) if isinstance(source, tuple) else source
+        self.key_field = key_field
+        self.chunk_size = _check_positive(chunk_size, "chunk_size")
+        if not isinstance(processor_version, str) or not processor_version:
+            raise ConfigurationError(f"processor_version must be a non-empty string, got {processor_version!r}")
+        self.processor_version = processor_version
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        from airflow_provider_datagen.core.chunks import plan_chunks
+
+        max_map = _max_map_length()
+        result = plan_chunks(
+            self.get_log(),
+            self.source,
+            key_field=self.key_field,
+            chunk_size=self.chunk_size,
+            processor_version=self.processor_version,
+            max_chunks=max_map,
+        )
+        self.log.info(
+            "plan: %s; %d chunk(s) of up to %d items", result.plan.as_dict(), len(result.chunks), result.chunk_size
+        )
+        self.push_status(context, result.status)
+        return [{"chunk": c} for c in result.chunks]
+
+
+def _max_map_length() -> int:
+    try:
+        from airflow.configuration import conf
+
+        return conf.getint("core", "max_map_length", fallback=1024)
+    except Exception:  # a worker with only the task SDK
+        return 1024
+
+
+class _Progress:
+    """Logs done/total, items/s and ETA at most every ``interval`` seconds."""
+
+    def __init__(self, logger: logging.Logger, interval: float) -> None:
+        self.log = logger
+        self.interval = interval
+        self.start = time.monotonic()
+        self.last = self.start
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval and done < total:
+            return
+        self.last = now
+        elapsed = max(now - self.start, 1e-9)
+        rate = done / elapsed
+        eta = (total - done) / rate if rate > 0 else math.inf
+        self.log.info(
+            "progress: %d/%d items (%.0f%%), %.1f items/s, ETA %s",
+            done,
+            total,
+            100.0 * done / max(total, 1),
+            rate,
+            "unknown" if math.isinf(eta) else f"{eta:.0f}s",
+        )
+
+
+class DatagenMapOperator(_DatagenBase):
+    """
+    Run one chunk of items resumably: skip acknowledged items, replay the inbox, then fresh items.
+
+    Use it mapped over a :class:`DatagenPlanOperator`'s output::
+
+        gen = DatagenMapOperator.partial(task_id="generate", pipeline="qa", experiment="e1",
+                                         process="my_pkg.gen:answer").expand_kwargs(plan.output)
+
+    Each task-instance attempt writes as its own writer (dag/run/task/map index) with a fresh epoch,
+    so a zombie attempt is fenced. Failed items are recorded in the log and the task fails at the
+    end naming them: clearing it reruns only what is pending.
+
+    :param pipeline: pipeline name; must match the plan's.
+    :param experiment: experiment name; must match the plan's.
+    :param process: ``"package.module:function"``, a callable ``fn(item, ctx) -> dict | None`` or a
+        step pipeline (``Sequence``, ``Loop``, ``MapReduce``, ...).
+    :param processor_version: version of ``process``; must match the plan's.
+    :param checkpoint_every: items per acknowledgement commit; ``None`` is group commit (every 512
+        items or ``checkpoint_interval`` seconds, whichever first).
+    :param checkpoint_interval: the time bound of group commit, in seconds.
+    :param chunk: a chunk descriptor from the plan (set by ``expand_kwargs``).
+    :param source: without a plan, the source to run whole (list or path/URI).
+    :param key_field: the key field of ``source`` when used without a plan.
+    :param fail_fast: stop at the first failing item instead of recording it and going on.
+    :param progress_interval: seconds between progress lines in the task log.
+    :param datagen_conn_id: connection of type ``datagen``.
+    """
+
+    template_fields = ("pipeline", "experiment", "processor_version")
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        experiment: str,
+        process: Any,
+        processor_version: str = "v1",
+        checkpoint_every: int | None = None,
+        checkpoint_interval: float = 2.0,
+        chunk: Mapping[str, Any] | None = None,
+        source: Any = None,
+        key_field: str = "id",
+        fail_fast: bool = False,
+        progress_interval: float = 5.0,
+        datagen_conn_id: str = DatagenHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("map_index_template", "{{ task.chunk_label }}")
+        super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+        if isinstance(process, str) and not _PROCESS_PATH_RE.match(process):
+            raise ConfigurationError(
+                f"process {process!r} must be a 'package.module:function' path, a callable or a Step pipeline"
+            )
+        if not (isinstance(process, str) or callable(process)):
+            from airflow_provider_datagen.core.steps import Step
+
+            if not isinstance(process, Step):
+                raise ConfigurationError(
+                    f"process must be a callable, a Step pipeline or a dotted path, got {type(process).__name__}"
+                )
+        self.process = process
+        self.processor_version = processor_version
+        self.checkpoint_every = _check_positive(checkpoint_every, "checkpoint_every", allow_none=True)
+        if not isinstance(checkpoint_interval, (int, float)) or checkpoint_interval <= 0:
+            raise ConfigurationError(f"checkpoint_interval must be a positive number, got {checkpoint_interval!r}")
+        self.checkpoint_interval = float(checkpoint_interval)
+        if chunk is not None and not isinstance(chunk, Mapping):
+            raise ConfigurationError(f"chunk must be a chunk descriptor dict from DatagenPlanOperator, got {chunk!r}")
+        self.chunk = dict(chunk) if chunk is not None else None
+        if chunk is None and source is None:
+            raise ConfigurationError(
+                "give either chunk (expand_kwargs(plan.output) from a DatagenPlanOperator) or source"
+            )
+        self.source = source
+        self.key_field = key_field
+        self.fail_fast = bool(fail_fast)
+        self.progress_interval = float(progress_interval)
+
+    @property
+    def chunk_label(self) -> str:
+        """What the UI shows for this map index: the chunk's key range."""
+        if self.chunk:
+            return str(self.chunk.get("label", ""))
+        return "all items"
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowTaskTimeout
+
+        from airflow_provider_datagen.core.chunks import chunk_items
+
+        process = resolve_process(self.process)
+        log = self.get_log()
+        if self.chunk is not None:
+            items = chunk_items(
+                self.chunk,
+                pipeline=self.pipeline,
+                experiment=self.experiment,
+                processor_version=self.processor_version,
+                storage_options=self.hook.storage_options or None,
+            )
+            key_field = str(self.chunk.get("key_field", self.key_field))
+        else:
+            from airflow_provider_datagen.core import load_source
+
+            items = load_source(self.source, self.key_field)
+            key_field = self.key_field
+        ti = context["ti"]
+        map_index = getattr(ti, "map_index", -1)
+        try_number = int(getattr(ti, "try_number", 1) or 1)
+        coords = {
+            "dag_id": ti.dag_id,
+            "run_id": ti.run_id,
+            "task_id": ti.task_id,
+            "map_index": map_index,
+            "try_number": try_number,
+        }
+        writer_id = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{map_index}"
+        epoch = log.next_epoch()
+        self.log.info("writer %s epoch %d (try %d): %d items in this chunk", writer_id, epoch, try_number, len(items))
+        from airflow_provider_datagen.core import run_items
+
+        report = run_items(
+            log,
+            items,
+            process,
+            key_field=key_field,
+            processor_version=self.processor_version,
+            writer_id=writer_id,
+            epoch=epoch,
+            checkpoint_every=self.checkpoint_every,
+            checkpoint_interval=self.checkpoint_interval,
+            fail_fast=self.fail_fast,
+            airflow=coords,
+            progress=_Progress(self.log, self.progress_interval),
+            reraise=(AirflowTaskTimeout,),
+        )
+        result = report.as_dict()
+        self.log.info("chunk done: %s (%d commits, %d events)", result, report.commits, report.events)
+        self.push_status(context, _status(log))
+        if report.failed:
+            ti.xcom_push(key=REPORT_XCOM_KEY, value=result)
+            shown = ", ".join(repr(i) for i in report.failed[:_FAILED_SHOWN])
+            more = f" and {len(report.failed) - _FAILED_SHOWN} more" if len(report.failed) > _FAILED_SHOWN else ""
+            first = report.errors.get(report.failed[0], "")
+            raise ItemsFailedError(
+                f"{len(report.failed)} of {len(items)} items failed in this chunk: {shown}{more} "
+                f"(first error: {first[:300]}). They are recorded in the log's failure lens; "
+                f"{len(report.processed)} items were acknowledged. Clear this task instance to rerun only the "
+                "pending items."
+            )
+        return result
+
+
+class DatagenExportOperator(_DatagenBase):
+    """
+    Export the folded fields of completed items to a Lance dataset and fingerprint it.
+
+    The destination is declared as an Airflow Asset (outlet), so downstream DAGs can be scheduled on
+    fresh results. Returns ``{"rows": int, "fingerprint": str}``; equal results give equal
+    fingerprints whatever history (failures, crashes, reruns) produced them.
+
+    :param pipeline: pipeline name.
+    :param experiment: experiment name.
+    :param destination: absolute path or URI of the export dataset (overwritten each time).
+    :param datagen_conn_id: connection of type ``datagen``; its storage options apply to the
+        destination too.
+    """
+
+    template_fields = ("pipeline", "experiment", "destination")
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        experiment: str,
+        destination: str,
+        datagen_conn_id: str = DatagenHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(destination, (str, os.PathLike)) or not os.fspath(destination):
+            raise ConfigurationError(f"destination must be a path or URI string, got {destination!r}")
+        destination = os.fspath(destination)
+        if "{{" not in destination:
+            if "://" not in destination and not os.path.isabs(destination):
+                raise ConfigurationError(
+                    f"destination {destination!r} is relative; give an absolute path or a URI (each Airflow "
+                    "component has its own working directory)"
+                )
+            kwargs.setdefault("outlets", [Asset(asset_uri(destination))])
+        super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+        self.destination = destination
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_datagen.core import export_results
+
+        log = self.get_log()
+        result = export_results(log, self.destination, storage_options=self.hook.storage_options or None)
+        self.log.info("exported %d rows to %s, fingerprint %s", result["rows"], self.destination, result["fingerprint"])
+        self.push_status(context, _status(log))
+        return result
+
+
+def asset_uri(destination: str) -> str:
+    """The Asset URI of an export destination (``file://`` for local paths)."""
+    if "://" in destination:
+        return destination
+    return "file://" + os.path.abspath(destination)
+
+
+class DatagenMaintenanceOperator(_DatagenBase):
+    """
+    Compact the log, refresh its scalar indices and drop old versions; safe beside running writers.
+
+    At most one maintenance runs per experiment at a time: the task is limited to one active
+    instance, and the log's own maintenance lease makes a concurrent one a no-op.
+
+    :param pipeline: pipeline name.
+    :param experiment: experiment name.
+    :param datagen_conn_id: connection of type ``datagen``.
+    """
+
+    template_fields = ("pipeline", "experiment")
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        experiment: str,
+        datagen_conn_id: str = DatagenHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("max_active_tis_per_dag", 1)
+        super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        log = self.get_log()
+        result = log.maintain()
+        self.log.info("maintenance of %s: %s", log.uri, result)
+        self.push_status(context, _status(log))
+        return result
+
+
+__all__ = [
+    "STATUS_XCOM_KEY",
+    "DatagenExportOperator",
+    "DatagenMaintenanceOperator",
+    "DatagenMapOperator",
+    "DatagenPlanOperator",
+    "DatagenStatusLink",
+    "ItemsFailedError",
+    "resolve_process",
+]

@@ -1,0 +1,61 @@
+"""The quickstart example DAG through dag.test(): fail, clear, rerun only pending work, export."""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import airflow_provider_datagen.example_dags as example_dags
+from airflow_provider_datagen.examples import flaky_on_first_attempt, prompts
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+QUICKSTART = Path(example_dags.__file__).parent / "datagen_quickstart.py"
+
+
+def _invocations(path: Path) -> collections.Counter[str]:
+    if not path.exists():
+        return collections.Counter()
+    return collections.Counter(line.split("\t")[1] for line in path.read_text().splitlines() if line)
+
+
+@pytest.fixture
+def quickstart_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    calls = tmp_path / "calls.tsv"
+    monkeypatch.setenv("DATAGEN_INVOCATION_LOG", str(calls))
+    monkeypatch.setenv("DATAGEN_QUICKSTART_EXPERIMENT", f"t{os.getpid()}{tmp_path.name[-6:]}".replace("_", ""))
+    monkeypatch.setenv("DATAGEN_QUICKSTART_ITEMS", "60")
+    monkeypatch.setenv("DATAGEN_QUICKSTART_CHUNK", "20")
+    monkeypatch.setenv("DATAGEN_EXPORT_DIR", str(tmp_path / "exports"))
+    return calls
+
+
+def test_quickstart_clear_and_rerun_touches_only_failed_items(
+    run_dag_file: Callable[..., object], quickstart_env: Path
+) -> None:
+    run = run_dag_file(QUICKSTART, "datagen_quickstart")
+    states = run.states()  # type: ignore[attr-defined]
+    flaky = {p["id"] for p in prompts(60) if flaky_on_first_attempt(p["id"])}
+    assert flaky, "the fixture must contain flaky items"
+    assert run.state == "failed"  # type: ignore[attr-defined]
+    failed_idx = [mi for (tid, mi), st in states.items() if tid == "generate" and st == "failed"]
+    assert failed_idx
+    first = _invocations(quickstart_env)
+    assert set(first) == {p["id"] for p in prompts(60)}
+    assert all(n == 1 for n in first.values())
+    quickstart_env.unlink()
+
+    run.clear_and_rerun([("generate", mi) for mi in failed_idx], include_downstream=True)  # type: ignore[attr-defined]
+    assert run.state == "success"  # type: ignore[attr-defined]
+    second = _invocations(quickstart_env)
+    assert set(second) == flaky
+    assert all(n == 1 for n in second.values())
+    export = run.xcom("export")  # type: ignore[attr-defined]
+    assert export["rows"] == 60
+    status = run.xcom("export", key="datagen_status")  # type: ignore[attr-defined]
+    assert status["completed"] == 60 and status["pending"] == 0
