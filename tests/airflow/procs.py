@@ -1,0 +1,29 @@
+"""Process functions for the operator tests; importable by dag.test()'s forked task processes."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def _record(ctx: Any) -> None:
+    path = os.environ.get("DATAGEN_TEST_CALLS")
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{ctx.item_id}\t{ctx.attempt}\n")
+
+
+def fail_3_and_7_once(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Items 3 and 7 fail on their first attempt; everything else succeeds deterministically."""
+    _record(ctx)
+    if item["id"] in {"3", "7"} and ctx.attempt == 1:
+        raise RuntimeError(f"transient failure of item {item['id']}")
+    return {"upper": str(item["text"]).upper(), "n": len(str(item["text"]))}
+
+
+def always_ok(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    _record(ctx)
+    return {"upper": str(item["text"]).upper(), "n": len(str(item["text"]))}
+
+
+not_callable = 42

@@ -1,0 +1,264 @@
+"""Operators through dag.test(): both rerun paths touch only pending work; XComs; bad input."""
+
+from __future__ import annotations
+
+import collections
+import json
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
+from airflow_provider_datagen.operators.datagen import (
+    STATUS_KEYS,
+    DatagenExportOperator,
+    DatagenMapOperator,
+    DatagenPlanOperator,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from airflow_provider_datagen.core import CheckpointLog
+
+DAG_TEMPLATE = """
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_datagen.operators.datagen import (
+    DatagenExportOperator, DatagenMaintenanceOperator, DatagenMapOperator, DatagenPlanOperator)
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
+    plan = DatagenPlanOperator(task_id="plan", pipeline="ops", experiment={experiment!r},
+                               source={source!r}, key_field="id", chunk_size={chunk}, processor_version="v1")
+    gen = DatagenMapOperator.partial(task_id="generate", pipeline="ops", experiment={map_experiment!r},
+                                     process={process!r}, processor_version="v1",
+                                     checkpoint_every=2).expand_kwargs(plan.output)
+    export = DatagenExportOperator(task_id="export", pipeline="ops", experiment={experiment!r},
+                                   destination={destination!r}, trigger_rule="none_failed")
+    maintain = DatagenMaintenanceOperator(task_id="maintain", pipeline="ops", experiment={experiment!r})
+    plan >> gen >> export >> maintain
+"""
+
+
+def _items(n: int = 10) -> list[dict[str, Any]]:
+    return [{"id": str(i), "text": f"item number {i}"} for i in range(n)]
+
+
+def _dag(
+    dag_id: str,
+    tmp: Path,
+    *,
+    source: Any,
+    experiment: str = "e1",
+    map_experiment: str | None = None,
+    process: str = "tests.airflow.procs:fail_3_and_7_once",
+    chunk: int = 5,
+) -> str:
+    return textwrap.dedent(
+        DAG_TEMPLATE.format(
+            dag_id=dag_id,
+            experiment=experiment,
+            map_experiment=map_experiment or experiment,
+            source=source,
+            chunk=chunk,
+            process=process,
+            destination=str(tmp / f"{dag_id}_export.lance"),
+        )
+    )
+
+
+@pytest.fixture
+def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "calls.tsv"
+    monkeypatch.setenv("DATAGEN_TEST_CALLS", str(path))
+    return path
+
+
+def _calls(path: Path) -> collections.Counter[str]:
+    if not path.exists():
+        return collections.Counter()
+    return collections.Counter(line.split("\t")[0] for line in path.read_text().splitlines())
+
+
+def _log(experiment: str) -> CheckpointLog:
+    from airflow_provider_datagen.hooks.datagen import DatagenHook
+
+    return DatagenHook().get_log("ops", experiment)
+
+
+def test_clear_and_rerun_invokes_only_failed_and_inbox_items(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    run = run_dag_file(_dag("ops_clear", tmp_path, source=_items(), experiment="clear"), "ops_clear")
+    assert run.state == "failed"
+    states = run.states()
+    assert states[("generate", 0)] == "failed" and states[("generate", 1)] == "failed"
+    assert states[("export", -1)] == "upstream_failed"
+    assert _calls(calls) == collections.Counter({str(i): 1 for i in range(10)})
+    report = run.xcom("generate", key="datagen_report", map_index=0)
+    assert report["failed"] == 1 and report["processed"] == 4
+    status = run.xcom("generate", key="datagen_status", map_index=0)
+    assert set(STATUS_KEYS) <= set(status)
+    failures = _log("clear").failures("3")
+    assert failures[0].error_type == "RuntimeError" and "transient failure of item 3" in failures[0].message
+    assert failures[0].try_number == 1 and failures[0].task_id == "generate"
+    calls.unlink()
+
+    run.clear_and_rerun([("generate", 0)], include_downstream=False)
+    # Only chunk 0 reran: its failed item 3 was the only invocation.
+    assert _calls(calls) == collections.Counter({"3": 1})
+    assert run.try_numbers()[("generate", 0)] == 2
+    assert run.xcom("generate", map_index=0) == {
+        "processed": 1,
+        "skipped": 4,
+        "replayed": 1,
+        "failed": 0,
+        "invocations": 1,
+    }
+    calls.unlink()
+    run.clear_and_rerun([("generate", 1)], include_downstream=True)
+    assert _calls(calls) == collections.Counter({"7": 1})
+    assert run.state == "success"
+    assert run.xcom("export")["rows"] == 10
+    for task_id in ("plan", "export", "maintain"):
+        assert set(STATUS_KEYS) <= set(run.xcom(task_id, key="datagen_status"))
+    assert run.xcom("maintain", key="datagen_status")["completed"] == 10
+
+
+def test_new_run_plans_only_pending_and_edited_items(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    src = tmp_path / "items.jsonl"
+    src.write_text("".join(json.dumps(i) + "\n" for i in _items()))
+    dag = _dag("ops_newrun", tmp_path, source=str(src), experiment="newrun")
+    first = run_dag_file(dag, "ops_newrun")
+    assert first.state == "failed"
+    calls.unlink()
+    second = run_dag_file(dag, "ops_newrun")
+    chunks = second.xcom("plan")
+    assert [sorted(c["chunk"]["item_ids"]) for c in chunks] == [["3", "7"]]
+    assert second.state == "success"
+    assert _calls(calls) == collections.Counter({"3": 1, "7": 1})
+    fp_before = second.xcom("export")["fingerprint"]
+
+    edited = _items()
+    edited[5]["text"] = "an edited item"
+    src.write_text("".join(json.dumps(i) + "\n" for i in edited))
+    calls.unlink()
+    third = run_dag_file(dag, "ops_newrun")
+    assert [c["chunk"]["item_ids"] for c in third.xcom("plan")] == [["5"]]
+    assert third.xcom("plan", key="datagen_status")["pending"] == 1
+    assert _calls(calls) == collections.Counter({"5": 1})
+    assert third.xcom("export")["fingerprint"] != fp_before
+
+    calls.unlink()
+    fourth = run_dag_file(dag, "ops_newrun")
+    assert fourth.xcom("plan") == []
+    assert fourth.states()[("generate", -1)] == "skipped"
+    assert fourth.state == "success"
+    assert not calls.exists()
+    assert fourth.xcom("export")["fingerprint"] == third.xcom("export")["fingerprint"]
+
+
+def test_interrupted_history_exports_the_uninterrupted_fingerprint(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    flaky = run_dag_file(_dag("ops_hist", tmp_path, source=_items(), experiment="hist"), "ops_hist")
+    flaky.clear_and_rerun([("generate", 0), ("generate", 1)], include_downstream=True)
+    assert flaky.state == "success"
+    clean = run_dag_file(
+        _dag("ops_clean", tmp_path, source=_items(), experiment="clean", process="tests.airflow.procs:always_ok"),
+        "ops_clean",
+    )
+    assert clean.state == "success"
+    assert flaky.xcom("export")["fingerprint"] == clean.xcom("export")["fingerprint"]
+    assert flaky.xcom("export")["rows"] == clean.xcom("export")["rows"] == 10
+
+
+def test_mismatching_experiment_between_plan_and_map_fails_before_writing(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    run = run_dag_file(
+        _dag("ops_mismatch", tmp_path, source=_items(4), experiment="mm", map_experiment="other"), "ops_mismatch"
+    )
+    assert run.state == "failed"
+    assert run.states()[("generate", 0)] == "failed"
+    assert not calls.exists()
+    assert not _log("other").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"chunk_size": 0}, "chunk_size"),
+        ({"chunk_size": "10"}, "chunk_size"),
+        ({"pipeline": "../x"}, "pipeline"),
+        ({"experiment": ""}, "experiment"),
+        ({"source": 42}, "source"),
+        ({"key_field": ""}, "key_field"),
+    ],
+)
+def test_plan_operator_rejects_bad_arguments_at_parse_time(kwargs: dict[str, Any], needle: str) -> None:
+    base: dict[str, Any] = {"task_id": "p", "pipeline": "ops", "experiment": "e", "source": _items()}
+    base.update(kwargs)
+    with pytest.raises(ConfigurationError, match=needle):
+        DatagenPlanOperator(**base)
+
+
+def test_map_and_export_operators_reject_bad_arguments() -> None:
+    with pytest.raises(ConfigurationError, match="process"):
+        DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process="no colon here", source=[])
+    with pytest.raises(ConfigurationError, match="checkpoint_every"):
+        DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print, source=[], checkpoint_every=0)
+    with pytest.raises(ConfigurationError, match="chunk"):
+        DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print)
+    with pytest.raises(ConfigurationError, match="relative"):
+        DatagenExportOperator(task_id="x", pipeline="ops", experiment="e", destination="out.lance")
+
+
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("/nonexistent/items.jsonl", "does not exist"),
+        ([{"text": "no key"}], "no key field 'id'"),
+        ([{"id": "1"}, {"id": "1"}], "duplicate key"),
+    ],
+)
+def test_plan_bad_sources_fail_at_execute_and_write_nothing(
+    run_dag_file: Callable[..., Any], tmp_path: Path, source: Any, needle: str
+) -> None:
+    exp = f"bad{abs(hash(needle)) % 10_000}"
+    run = run_dag_file(_dag("ops_badsrc", tmp_path, source=source, experiment=exp), "ops_badsrc")
+    assert run.state == "failed"
+    assert run.states()[("plan", -1)] == "failed"
+    assert not _log(exp).exists()
+    from airflow_provider_datagen.core import load_source
+
+    with pytest.raises(DatagenError, match=needle):
+        load_source(source)
+
+
+def test_unknown_process_path_fails_the_task_naming_it(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    from airflow_provider_datagen.operators.datagen import resolve_process
+
+    for bad, needle in (
+        ("tests.airflow.nope:fn", "cannot import module"),
+        ("tests.airflow.procs:missing", "has no attribute"),
+        ("tests.airflow.procs:not_callable", "not a callable"),
+    ):
+        with pytest.raises(ConfigurationError, match=needle):
+            resolve_process(bad)
+    run = run_dag_file(
+        _dag("ops_badproc", tmp_path, source=_items(3), experiment="badproc", process="tests.airflow.nope:fn"),
+        "ops_badproc",
+    )
+    assert run.state == "failed"
+    assert not calls.exists()
+    assert not _log("badproc").exists()
