@@ -1,0 +1,149 @@
+"""DatagenStatusSensor: wait on a condition over an experiment's folded status."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
+from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
+from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.links import DatagenStatusLink
+from airflow_provider_datagen.operators.datagen import STATUS_XCOM_KEY
+from airflow_provider_datagen.triggers.datagen import (
+    CONDITIONS,
+    DatagenStatusTrigger,
+    check_condition,
+    compute_status,
+    failed_items_exceeded,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class TooManyFailedItemsError(DatagenError):
+    """More items are failed than the sensor's ``max_failed_items`` allows."""
+
+
+class DatagenStatusSensor(BaseSensorOperator):
+    """
+    Wait until an experiment's folded status satisfies a condition; return that status as XCom.
+
+    Works in ``poke``, ``reschedule`` and deferrable modes (the latter through
+    :class:`~airflow_provider_datagen.triggers.datagen.DatagenStatusTrigger`).
+
+    :param pipeline: pipeline name.
+    :param experiment: experiment name.
+    :param condition: ``"all_done"`` (every item completed or filtered), ``"no_pending"``,
+        ``"no_failures"``, or a callable ``f(status) -> bool`` (poke/reschedule modes only).
+    :param source: optional source (list or path/URI); its never-started items count as pending.
+    :param key_field: key field of ``source``.
+    :param max_failed_items: fail as soon as more items than this are failed, naming some of them.
+    :param deferrable: wait in the triggerer instead of occupying a worker slot.
+    :param datagen_conn_id: connection of type ``datagen``.
+    """
+
+    template_fields = ("pipeline", "experiment", "source")
+    operator_extra_links = (DatagenStatusLink(),)
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        experiment: str,
+        condition: Any = "all_done",
+        source: Any = None,
+        key_field: str = "id",
+        max_failed_items: int | None = None,
+        deferrable: bool = False,
+        datagen_conn_id: str = DatagenHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        from airflow_provider_datagen.operators.datagen import _check_name
+
+        self.pipeline = _check_name(pipeline, "pipeline")
+        self.experiment = _check_name(experiment, "experiment")
+        self.condition = check_condition(condition)
+        if deferrable and not isinstance(condition, str):
+            raise ConfigurationError(
+                "condition: a callable cannot run in the triggerer; use a named condition with deferrable=True "
+                "or poke/reschedule mode for a callable"
+            )
+        if max_failed_items is not None and (
+            isinstance(max_failed_items, bool) or not isinstance(max_failed_items, int) or max_failed_items < 0
+        ):
+            raise ConfigurationError(f"max_failed_items must be a non-negative int, got {max_failed_items!r}")
+        self.source = source
+        self.key_field = key_field
+        self.max_failed_items = max_failed_items
+        self.deferrable = bool(deferrable)
+        self.datagen_conn_id = datagen_conn_id
+
+    @cached_property
+    def hook(self) -> DatagenHook:
+        return DatagenHook(datagen_conn_id=self.datagen_conn_id)
+
+    def _status(self) -> dict[str, Any]:
+        return compute_status(
+            pipeline=self.pipeline,
+            experiment=self.experiment,
+            source=self.source,
+            key_field=self.key_field,
+            datagen_conn_id=self.datagen_conn_id,
+        )
+
+    def _holds(self, status: dict[str, Any]) -> bool:
+        cond = self.condition
+        return bool(CONDITIONS[cond](status) if isinstance(cond, str) else cond(status))
+
+    def _check_failures(self, status: dict[str, Any]) -> None:
+        if failed_items_exceeded(status, self.max_failed_items):
+            ids = ", ".join(repr(i) for i in status.get("failed_item_ids", [])[:10])
+            raise TooManyFailedItemsError(
+                f"{status['failed_items']} items of {self.pipeline}/{self.experiment} are failed, more than "
+                f"max_failed_items={self.max_failed_items} (e.g. {ids}). Their errors are in the Datagen UI's "
+                "failure lens; fix the cause and clear the failed DatagenMapOperator task instances (or trigger "
+                "a new run of the DAG) to rerun only them."
+            )
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        status = self._status()
+        self._check_failures(status)
+        done = self._holds(status)
+        if done:
+            context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=status)
+        return PokeReturnValue(is_done=done, xcom_value=status)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        # Check once on the worker: a condition that already holds needs no trip to the triggerer.
+        first = self.poke(context)
+        if first.is_done:
+            return first.xcom_value
+        self.defer(
+            trigger=DatagenStatusTrigger(
+                pipeline=self.pipeline,
+                experiment=self.experiment,
+                condition=self.condition,
+                source=self.source,
+                key_field=self.key_field,
+                max_failed_items=self.max_failed_items,
+                poke_interval=float(self.poke_interval),
+                datagen_conn_id=self.datagen_conn_id,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=float(self.timeout)) if self.timeout is not None else None,
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        status = event["status"]
+        self._check_failures(status)
+        if event.get("outcome") != "done":
+            raise DatagenError(f"datagen status trigger ended without its condition: {event.get('outcome')}")
+        context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=status)
+        return status

@@ -1,0 +1,142 @@
+"""DatagenStatusTrigger: wait for a condition on an experiment's folded status in the triggerer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_datagen.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+#: Conditions a sensor or trigger understands by name; a sensor also accepts a callable.
+CONDITIONS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    # Every item known (to the log, or to the source when one is given) is completed or filtered.
+    "all_done": lambda s: s["total"] > 0 and s["pending"] == 0,
+    # Nothing left to do, including the trivial case of an empty experiment.
+    "no_pending": lambda s: s["pending"] == 0,
+    # No item is currently failed (a failed item that was retried successfully does not count).
+    "no_failures": lambda s: s["failed_items"] == 0,
+}
+
+
+def check_condition(condition: Any) -> Any:
+    if isinstance(condition, str):
+        if condition not in CONDITIONS:
+            raise ConfigurationError(
+                f"condition {condition!r} is unknown; use one of {sorted(CONDITIONS)} or a callable on the status"
+            )
+        return condition
+    if callable(condition):
+        return condition
+    raise ConfigurationError(f"condition must be a name or a callable, got {type(condition).__name__}")
+
+
+def compute_status(
+    *, pipeline: str, experiment: str, source: Any, key_field: str, datagen_conn_id: str
+) -> dict[str, Any]:
+    """The folded ``datagen_status`` of an experiment; with a source, its unstarted items are pending."""
+    from airflow_provider_datagen.core import status_of
+    from airflow_provider_datagen.hooks.datagen import DatagenHook
+
+    log = DatagenHook(datagen_conn_id=datagen_conn_id).get_log(pipeline, experiment)
+    return status_of(log, None if source is None else _source_items(source), key_field)
+
+
+def _source_items(source: Any) -> Any:
+    from airflow_provider_datagen.core import read_source
+
+    return list(read_source(source))
+
+
+def failed_items_exceeded(status: dict[str, Any], max_failed_items: int | None) -> bool:
+    return max_failed_items is not None and int(status.get("failed_items", 0)) > max_failed_items
+
+
+class DatagenStatusTrigger(BaseTrigger):
+    """
+    Poll an experiment's folded status until a named condition holds or failures exceed a bound.
+
+    Lance reads run in ``asyncio.to_thread`` so the triggerer's event loop never blocks. Yields one
+    ``TriggerEvent`` ``{"status": ..., "outcome": "done" | "too_many_failures"}``.
+
+    :param pipeline: pipeline name.
+    :param experiment: experiment name.
+    :param condition: ``"all_done"``, ``"no_pending"`` or ``"no_failures"`` (callables cannot be
+        serialized into the triggerer; use a poking sensor for those).
+    :param source: optional source (path/URI or list) whose never-started items count as pending.
+    :param key_field: key field of ``source``.
+    :param max_failed_items: fire early with ``too_many_failures`` when more items are failed.
+    :param poke_interval: seconds between two status reads.
+    :param datagen_conn_id: connection of type ``datagen``.
+    """
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        experiment: str,
+        condition: str = "all_done",
+        source: Any = None,
+        key_field: str = "id",
+        max_failed_items: int | None = None,
+        poke_interval: float = 30.0,
+        datagen_conn_id: str = "datagen_default",
+    ) -> None:
+        super().__init__()
+        if not isinstance(condition, str):
+            raise ConfigurationError("a deferrable datagen sensor needs a named condition, not a callable")
+        self.pipeline = pipeline
+        self.experiment = experiment
+        self.condition = check_condition(condition)
+        self.source = source
+        self.key_field = key_field
+        self.max_failed_items = max_failed_items
+        self.poke_interval = float(poke_interval)
+        self.datagen_conn_id = datagen_conn_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "pipeline": self.pipeline,
+                "experiment": self.experiment,
+                "condition": self.condition,
+                "source": self.source,
+                "key_field": self.key_field,
+                "max_failed_items": self.max_failed_items,
+                "poke_interval": self.poke_interval,
+                "datagen_conn_id": self.datagen_conn_id,
+            },
+        )
+
+    def _status(self) -> dict[str, Any]:
+        return compute_status(
+            pipeline=self.pipeline,
+            experiment=self.experiment,
+            source=self.source,
+            key_field=self.key_field,
+            datagen_conn_id=self.datagen_conn_id,
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            status = await asyncio.to_thread(self._status)
+            if failed_items_exceeded(status, self.max_failed_items):
+                yield TriggerEvent({"status": status, "outcome": "too_many_failures"})
+                return
+            if CONDITIONS[self.condition](status):
+                yield TriggerEvent({"status": status, "outcome": "done"})
+                return
+            self.log.info(
+                "datagen %s/%s: %s pending, %s failed items; waiting for %s",
+                self.pipeline,
+                self.experiment,
+                status.get("pending"),
+                status.get("failed_items"),
+                self.condition,
+            )
+            await asyncio.sleep(self.poke_interval)

@@ -1,0 +1,176 @@
+"""DatagenStatusSensor in poke, reschedule and deferrable modes, through dag.test()."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from airflow_provider_datagen.core import run_items
+from airflow_provider_datagen.exceptions import ConfigurationError
+from airflow_provider_datagen.operators.datagen import STATUS_KEYS
+from airflow_provider_datagen.sensors.datagen import DatagenStatusSensor
+from airflow_provider_datagen.triggers.datagen import DatagenStatusTrigger
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+SENSOR_DAG = """
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_datagen.sensors.datagen import DatagenStatusSensor
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
+    DatagenStatusSensor(task_id="wait", pipeline="sens", experiment={experiment!r}, condition={condition!r},
+                        source={source!r}, max_failed_items={max_failed!r}, mode={mode!r},
+                        deferrable={deferrable!r}, poke_interval=0.5, timeout={timeout!r})
+"""
+
+
+def _items(n: int) -> list[dict[str, Any]]:
+    return [{"id": str(i), "x": i} for i in range(n)]
+
+
+def _log(experiment: str) -> Any:
+    from airflow_provider_datagen.hooks.datagen import DatagenHook
+
+    return DatagenHook().get_log("sens", experiment)
+
+
+def _ok(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    return {"y": item["x"] * 2}
+
+
+def _fail_odd(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    if item["x"] % 2:
+        raise ValueError(f"odd {item['x']}")
+    return {"y": item["x"]}
+
+
+def _dag(
+    dag_id: str,
+    experiment: str,
+    *,
+    mode: str = "poke",
+    deferrable: bool = False,
+    condition: str = "all_done",
+    source: Any = None,
+    max_failed: int | None = None,
+    timeout: float = 60,
+) -> str:
+    return textwrap.dedent(
+        SENSOR_DAG.format(
+            dag_id=dag_id,
+            experiment=experiment,
+            condition=condition,
+            source=source,
+            max_failed=max_failed,
+            mode=mode,
+            deferrable=deferrable,
+            timeout=timeout,
+        )
+    )
+
+
+@pytest.mark.parametrize(("mode", "deferrable"), [("poke", False), ("reschedule", False), ("poke", True)])
+def test_sensor_returns_folded_status_in_every_mode(
+    run_dag_file: Callable[..., Any], mode: str, deferrable: bool
+) -> None:
+    exp = f"done{mode}{int(deferrable)}"
+    run_items(_log(exp), _items(6), _ok)
+    dag_id = f"sens_{mode}_{int(deferrable)}"
+    run = run_dag_file(_dag(dag_id, exp, mode=mode, deferrable=deferrable), dag_id)
+    assert run.state == "success"
+    status = run.xcom("wait")
+    assert set(STATUS_KEYS) <= set(status)
+    assert status["completed"] == 6 and status["pending"] == 0
+    assert run.xcom("wait", key="datagen_status") == status
+
+
+@pytest.mark.parametrize(("mode", "deferrable"), [("poke", False), ("reschedule", False), ("poke", True)])
+def test_sensor_waits_until_items_complete(run_dag_file: Callable[..., Any], mode: str, deferrable: bool) -> None:
+    exp = f"later{mode}{int(deferrable)}"
+    items = _items(4)
+    run_items(_log(exp), items[:2], _ok)
+
+    def finish() -> None:
+        time.sleep(3)
+        run_items(_log(exp), items, _ok, epoch=2)
+
+    t = threading.Thread(target=finish)
+    t.start()
+    dag_id = f"sens_later_{mode}_{int(deferrable)}"
+    started = time.monotonic()
+    # With the source given, the two never-started items count as pending until the thread runs them.
+    run = run_dag_file(_dag(dag_id, exp, mode=mode, deferrable=deferrable, source=items), dag_id)
+    t.join()
+    assert run.state == "success"
+    assert time.monotonic() - started >= 2.5
+    assert run.xcom("wait")["completed"] == 4
+
+
+def test_sensor_fails_when_failed_items_exceed_the_bound(run_dag_file: Callable[..., Any]) -> None:
+    run_items(_log("failing"), _items(6), _fail_odd)
+    run = run_dag_file(_dag("sens_fail", "failing", max_failed=1), "sens_fail")
+    assert run.state == "failed"
+    assert run.states()[("wait", -1)] == "failed"
+
+
+def test_sensor_times_out_when_condition_never_holds(run_dag_file: Callable[..., Any]) -> None:
+    run_items(_log("stuck"), _items(3), _fail_odd)
+    run = run_dag_file(_dag("sens_timeout", "stuck", timeout=2), "sens_timeout")
+    assert run.state == "failed"
+
+
+def test_poke_reports_failed_ids_and_rerun_advice() -> None:
+    run_items(_log("advice"), _items(6), _fail_odd)
+    sensor = DatagenStatusSensor(task_id="w", pipeline="sens", experiment="advice", max_failed_items=0)
+    with pytest.raises(Exception, match=r"'1', '3', '5'.*clear the failed DatagenMapOperator"):
+        sensor.poke({"ti": None})  # type: ignore[typeddict-item]
+
+
+def test_callable_condition_and_bad_arguments() -> None:
+    run_items(_log("callable"), _items(3), _ok)
+    sensor = DatagenStatusSensor(
+        task_id="w", pipeline="sens", experiment="callable", condition=lambda s: s["completed"] >= 3
+    )
+    assert sensor._holds(sensor._status())
+    with pytest.raises(ConfigurationError, match="condition"):
+        DatagenStatusSensor(task_id="w", pipeline="sens", experiment="e", condition="sometimes")
+    with pytest.raises(ConfigurationError, match="callable"):
+        DatagenStatusSensor(task_id="w", pipeline="sens", experiment="e", condition=lambda s: True, deferrable=True)
+    with pytest.raises(ConfigurationError, match="max_failed_items"):
+        DatagenStatusSensor(task_id="w", pipeline="sens", experiment="e", max_failed_items=-1)
+
+
+def test_trigger_serializes_to_its_dotted_path_and_reads_in_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    run_items(_log("trig"), _items(3), _ok)
+    trig = DatagenStatusTrigger(pipeline="sens", experiment="trig", poke_interval=0.1)
+    path, kwargs = trig.serialize()
+    assert path == "airflow_provider_datagen.triggers.datagen.DatagenStatusTrigger"
+    assert DatagenStatusTrigger(**kwargs).serialize() == (path, kwargs)
+    threads: list[str] = []
+    real = trig._status
+
+    def spy() -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        return real()
+
+    monkeypatch.setattr(trig, "_status", spy)
+
+    async def first_event() -> Any:
+        async for ev in trig.run():
+            return ev
+        return None
+
+    event = asyncio.run(first_event())
+    assert event.payload["outcome"] == "done"
+    assert event.payload["status"]["completed"] == 3
+    assert threads and threads[0] != threading.main_thread().name
