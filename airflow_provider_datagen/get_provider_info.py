@@ -90,5 +90,5 @@ def get_provider_info() -> dict:
                 },
             }
         ],
-        "extra-links": ["airflow_provider_datagen.operators.datagen.DatagenStatusLink"],
+        "extra-links": ["airflow_provider_datagen.links.DatagenStatusLink"],
     }

@@ -199,9 +199,7 @@ class DagTestRun:
         run_id = self.run_id
 
         def resume_existing_run(*, dag: SerializedDAG, session: Any, **_: Any) -> DagRun:
-            dag_run = session.scalar(
-                select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id)
-            )
+            dag_run = session.scalar(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id))
             # dag.test() loops while the run is RUNNING; clear() left it QUEUED for a scheduler.
             dag_run.state = DagRunState.RUNNING
             dag_run.dag = dag

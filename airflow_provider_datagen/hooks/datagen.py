@@ -132,8 +132,7 @@ class DatagenHook(BaseHook):
             if name not in _EXTRA_KEYS:
                 raise self._config_error(
                     f"its extra has the unknown key {key!r}",
-                    f"use only {', '.join(repr(k) for k in _EXTRA_KEYS)} (a typo here would silently "
-                    "drop credentials)",
+                    f"use only {', '.join(repr(k) for k in _EXTRA_KEYS)} (a typo here would silently drop credentials)",
                 )
             # The UI stores an empty field as null or ""; that means "not set".
             if value is None or value == "":
@@ -163,9 +162,7 @@ class DatagenHook(BaseHook):
         root = host or extra_root
         if root is None:
             root = default_root()
-            self.log.info(
-                "Connection %r sets no root; using the embedded default root %s", self.datagen_conn_id, root
-            )
+            self.log.info("Connection %r sets no root; using the embedded default root %s", self.datagen_conn_id, root)
             return root
         if _URI_RE.match(root):
             stripped = root.rstrip("/")

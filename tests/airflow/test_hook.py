@@ -67,9 +67,7 @@ def test_custom_conn_id_and_extra_root(monkeypatch, tmp_path):
 
 def test_uri_form_connection_with_root_in_query(monkeypatch):
     # The URI form cannot carry "s3://..." as a host, hence extra "root" (query parameters are extra).
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_DATAGEN_DEFAULT", "datagen://?root=s3%3A%2F%2Fbucket%2Fp&storage_options=%7B%7D"
-    )
+    monkeypatch.setenv("AIRFLOW_CONN_DATAGEN_DEFAULT", "datagen://?root=s3%3A%2F%2Fbucket%2Fp&storage_options=%7B%7D")
     hook = DatagenHook()
 
     assert hook.root == "s3://bucket/p"

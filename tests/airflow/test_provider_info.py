@@ -27,9 +27,7 @@ def _listed_modules() -> list[str]:
 
 
 def _listed_classes() -> list[str]:
-    return sorted(
-        [c["hook-class-name"] for c in INFO["connection-types"]] + list(INFO.get("extra-links", []))
-    )
+    return sorted([c["hook-class-name"] for c in INFO["connection-types"]] + list(INFO.get("extra-links", [])))
 
 
 def test_matches_airflow_runtime_and_provider_yaml_schemas():
