@@ -1,0 +1,240 @@
+"""The FastAPI app the datagen plugin mounts at ``/datagen`` in the Airflow API server.
+
+Authentication and authorization are Airflow's own: a plugin app gets neither by default, so every
+route depends on ``requires_access_dag(method="GET")``. That dependency resolves the user from an
+``Authorization: Bearer`` header or, failing that, from the UI's ``_token`` session cookie (the
+cookie is scoped to the API server's base path, so the browser sends it to ``/datagen`` too, which is
+how the iframe tab works with the UI's session); no token is 401, a bad one 403.
+
+The dag_id it authorizes comes from the path or the query string. Experiment pages have none, so
+they need read access to Dags in general; the task-instance pages carry it in the path and need read
+access to that Dag's task instances. A ``dag_id`` query parameter on the experiment routes is refused
+(400): it would otherwise narrow the check to one Dag the caller may read.
+
+Routes are synchronous on purpose: Lance reads block, and FastAPI runs sync routes in its threadpool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Annotated, Any
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from airflow_provider_datagen.exceptions import DatagenError
+from airflow_provider_datagen.plugins import pages
+from airflow_provider_datagen.plugins.data import (
+    MAX_PAGE_SIZE,
+    STATUS_FILTERS,
+    NotFoundError,
+    Reader,
+    conn_id,
+    current_reader,
+)
+
+log = logging.getLogger(__name__)
+
+_NO_STORE = {"Cache-Control": "no-store"}
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _refuse_dag_id_query(request: Request) -> None:
+    if "dag_id" in request.query_params:
+        raise HTTPException(
+            400,
+            "dag_id is not a parameter of this route; experiment pages are authorized "
+            "against read access to Dags in general",
+        )
+
+
+def _urls(request: Request) -> pages.Urls:
+    # root_path is the API server's base path plus the mount prefix (/datagen), so links work
+    # behind a reverse proxy sub-path too.
+    return pages.Urls(request.scope.get("root_path", "") or "")
+
+
+def _wants_json(request: Request) -> bool:
+    prefix = request.scope.get("root_path", "") or ""
+    return request.url.path[len(prefix) :].startswith("/api/")
+
+
+def _html(body: str, status_code: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status_code, headers=_NO_STORE)
+
+
+def _reader() -> Reader:
+    return current_reader()
+
+
+def _parse_map_index(raw: str) -> int:
+    # The UI substitutes {MAP_INDEX}; if it did not (an old UI, a hand-written URL), treat as unmapped.
+    try:
+        return int(raw)
+    except ValueError:
+        return -1
+
+
+def _with_blob_urls(data: Any, urls: pages.Urls, pipeline: str, experiment: str) -> Any:
+    """Add a ``url`` to every blob reference so JSON clients can fetch blobs the way the page does."""
+    if isinstance(data, dict):
+        out = {k: _with_blob_urls(v, urls, pipeline, experiment) for k, v in data.items()}
+        blob = out.get("blob")
+        if isinstance(blob, dict) and "event_id" in blob:
+            out["blob"] = {**blob, "url": urls.blob(pipeline, experiment, blob["event_id"])}
+        return out
+    if isinstance(data, list):
+        return [_with_blob_urls(v, urls, pipeline, experiment) for v in data]
+    return data
+
+
+def _index_data(reader: Reader) -> dict[str, Any]:
+    experiments = []
+    for ref in reader.experiments():
+        entry: dict[str, Any] = {"pipeline": ref.pipeline, "experiment": ref.experiment}
+        try:
+            prep = reader.prepared(ref.pipeline, ref.experiment)
+        except DatagenError as exc:
+            # One unreadable log (newer schema, damaged files) must not hide the others.
+            log.warning("cannot read experiment %s/%s: %s", ref.pipeline, ref.experiment, exc)
+            entry["error"] = str(exc)
+        else:
+            s = prep.summary
+            entry["summary"] = s
+            entry["progress"] = (s["completed"] + s["filtered"]) / s["total"] if s["total"] else 0.0
+        experiments.append(entry)
+    return {"root": reader.shown_root, "conn_id": conn_id(), "experiments": experiments}
+
+
+def _items_args(
+    status: str | None = Query(None, description="lifecycle status, 'failed' or 'violations'"),
+    q: str | None = Query(None, max_length=4096, description="case-insensitive substring of the item id"),
+    scope: str = Query("roots", description="roots (source items), children (fan-out) or all"),
+    offset: int = Query(0, ge=0),
+    limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE),
+) -> dict[str, Any]:
+    return {"status": status or None, "q": q or None, "scope": scope, "offset": offset, "limit": limit}
+
+
+ItemsArgs = Annotated[dict[str, Any], Depends(_items_args)]
+
+
+def _items(reader: Reader, pipeline: str, experiment: str, args: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return reader.items(pipeline, experiment, **args)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+def create_app() -> FastAPI:
+    """Build the plugin app; called once by the plugin when the API server asks for it."""
+    app = FastAPI(
+        title="Datagen",
+        description="Folded status of datagen experiments: experiments, items, trajectories, blobs.",
+        # No unauthenticated schema or docs pages.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    experiments = APIRouter(dependencies=[Depends(requires_access_dag(method="GET")), Depends(_refuse_dag_id_query)])
+    task_instances = APIRouter(
+        dependencies=[Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))]
+    )
+
+    @app.exception_handler(NotFoundError)
+    def _not_found(request: Request, exc: NotFoundError) -> Response:
+        if _wants_json(request):
+            return JSONResponse({"detail": str(exc)}, status_code=404)
+        return _html(pages.error_page(404, str(exc), _urls(request)), 404)
+
+    @app.exception_handler(DatagenError)
+    def _datagen_error(request: Request, exc: DatagenError) -> Response:
+        # A damaged log or a misconfigured connection: the message names the thing and the fix.
+        log.warning("datagen UI request %s failed: %s", request.url.path, exc)
+        if _wants_json(request):
+            return JSONResponse({"detail": str(exc)}, status_code=500)
+        return _html(pages.error_page(500, str(exc), _urls(request)), 500)
+
+    @app.exception_handler(HTTPException)
+    def _http_error(request: Request, exc: HTTPException) -> Response:
+        if _wants_json(request) or exc.status_code in (401, 403):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return _html(pages.error_page(exc.status_code, str(exc.detail), _urls(request)), exc.status_code)
+
+    # -- index ---------------------------------------------------------------------------------
+
+    @experiments.get("/", response_class=HTMLResponse, summary="All experiments (HTML)")
+    def index(request: Request) -> HTMLResponse:
+        return _html(pages.index_page(_index_data(_reader()), _urls(request)))
+
+    @experiments.get("/api/experiments", summary="All experiments with their folded counts")
+    def api_index() -> JSONResponse:
+        return JSONResponse(_index_data(_reader()), headers=_NO_STORE)
+
+    # -- experiment ----------------------------------------------------------------------------
+
+    @experiments.get("/experiments/{pipeline}/{experiment}", response_class=HTMLResponse)
+    def experiment_page(request: Request, pipeline: str, experiment: str, args: ItemsArgs) -> HTMLResponse:
+        reader = _reader()
+        status = reader.status(pipeline, experiment)
+        items = _items(reader, pipeline, experiment, args)
+        return _html(pages.experiment_page(status, items, _urls(request), STATUS_FILTERS))
+
+    @experiments.get("/api/experiments/{pipeline}/{experiment}", summary="Folded status of one experiment")
+    def api_experiment(pipeline: str, experiment: str) -> JSONResponse:
+        return JSONResponse(_reader().status(pipeline, experiment), headers=_NO_STORE)
+
+    @experiments.get("/api/experiments/{pipeline}/{experiment}/items", summary="One page of items")
+    def api_items(pipeline: str, experiment: str, args: ItemsArgs) -> JSONResponse:
+        return JSONResponse(_items(_reader(), pipeline, experiment, args), headers=_NO_STORE)
+
+    # -- item ----------------------------------------------------------------------------------
+
+    @experiments.get("/experiments/{pipeline}/{experiment}/item", response_class=HTMLResponse)
+    def item_page(request: Request, pipeline: str, experiment: str, id: str = Query(..., min_length=1)) -> HTMLResponse:
+        data = _reader().item(pipeline, experiment, id)
+        return _html(pages.item_page(data, _urls(request)))
+
+    @experiments.get("/api/experiments/{pipeline}/{experiment}/item", summary="An item's trajectory and state")
+    def api_item(request: Request, pipeline: str, experiment: str, id: str = Query(..., min_length=1)) -> JSONResponse:
+        data = _reader().item(pipeline, experiment, id)
+        return JSONResponse(_with_blob_urls(data, _urls(request), pipeline, experiment), headers=_NO_STORE)
+
+    @experiments.get("/api/experiments/{pipeline}/{experiment}/blob/{event_id}", summary="A blob's bytes")
+    def api_blob(pipeline: str, experiment: str, event_id: str) -> Response:
+        data, meta = _reader().blob(pipeline, experiment, event_id)
+        is_json = meta.get("value_kind") == "json"
+        name = _SAFE_NAME.sub("_", f"{meta.get('field') or 'value'}-{event_id[:16]}")
+        return Response(
+            data,
+            media_type="application/json" if is_json else "application/octet-stream",
+            headers={
+                **_NO_STORE,
+                "Content-Disposition": f'attachment; filename="{name}.{"json" if is_json else "bin"}"',
+                # Never let a browser sniff user bytes into HTML.
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
+
+    # -- task instance -------------------------------------------------------------------------
+    # run_id is a path parameter that may span segments: Airflow's default run id pattern has no
+    # "/", but [scheduler] allowed_run_id_pattern can allow one, and the UI only percent-encodes it
+    # (which the server decodes back to "/"). dag_id and task_id never contain "/".
+
+    @task_instances.get("/ti/{dag_id}/{run_id:path}/{task_id}/{map_index}", response_class=HTMLResponse)
+    def ti_page(request: Request, dag_id: str, run_id: str, task_id: str, map_index: str) -> HTMLResponse:
+        data = _reader().task_instance(dag_id, run_id, task_id, _parse_map_index(map_index))
+        return _html(pages.ti_page(data, _urls(request)))
+
+    @task_instances.get("/api/ti/{dag_id}/{run_id:path}/{task_id}/{map_index}", summary="What a task instance wrote")
+    def api_ti(dag_id: str, run_id: str, task_id: str, map_index: str) -> JSONResponse:
+        data = _reader().task_instance(dag_id, run_id, task_id, _parse_map_index(map_index))
+        return JSONResponse(json.loads(json.dumps(data, default=str)), headers=_NO_STORE)
+
+    app.include_router(experiments)
+    app.include_router(task_instances)
+    return app
