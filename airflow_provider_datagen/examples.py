@@ -48,6 +48,12 @@ def fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
     return {"answer": f"answer-{h[:12]}", "tokens": int(h[12:16], 16) % 500 + 1}
 
 
+def reliable_fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
+    """The same answers as :func:`fake_model` without the flaky first attempts (an uninterrupted run)."""
+    h = _digest(str(item.get("prompt", "")))
+    return {"answer": f"answer-{h[:12]}", "tokens": int(h[12:16], 16) % 500 + 1}
+
+
 def _draft(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
     _record("draft", ctx)
     prev = ctx.fields.get("draft", item["question"])
