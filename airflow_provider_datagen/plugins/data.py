@@ -56,6 +56,27 @@ MAX_TI_ITEMS = 2000
 _CACHE_SIZE = 8
 _VALUE_PREVIEW = 300
 
+# Columns of the experiment page's failure list: never tracebacks (those are on the item page).
+_FAILURE_COLUMNS = (
+    "event_id",
+    "item_id",
+    "item_seq",
+    "error_type",
+    "error_message",
+    "step",
+    "iteration",
+    "fanout_index",
+    "writer_id",
+    "writer_epoch",
+    "input_fingerprint",
+    "dag_id",
+    "run_id",
+    "task_id",
+    "map_index",
+    "try_number",
+    "created_at",
+)
+
 # Columns of the task-instance scan: what each attempt did, never values or tracebacks.
 _TI_COLUMNS = (
     "event_id",
@@ -300,6 +321,7 @@ class Reader:
         self._prepared = _VersionedCache()
         self._failures = _VersionedCache()
         self._ti = _VersionedCache(size=32)
+        self._items = _VersionedCache(size=64)
 
     @property
     def shown_root(self) -> str:
@@ -310,6 +332,10 @@ class Reader:
 
     def log(self, pipeline: str, experiment: str) -> CheckpointLog:
         """The open log of an existing experiment; :class:`NotFoundError` for anything else."""
+        return self.open(pipeline, experiment)[0]
+
+    def open(self, pipeline: str, experiment: str) -> tuple[CheckpointLog, int]:
+        """The open log of an existing experiment and its current version (one refresh of the log)."""
         try:
             ref = ExperimentRef(check_name(pipeline, "pipeline"), check_name(experiment, "experiment"))
         except DatagenError as exc:
@@ -325,19 +351,20 @@ class Reader:
             )
             with self._logs_lock:
                 lg = self._logs.setdefault(ref, lg)
-        if not lg.exists():
+        # Each refresh reads the latest manifest; one per request is enough.
+        version = lg.version
+        if version == 0:
             raise NotFoundError(
                 f"no experiment {pipeline!r}/{experiment!r} under {self.shown_root}: it has no log yet "
                 f"(expected {CHECKPOINTS_DIR}/{pipeline}/{experiment}/{LOG_DIR}); check the pipeline and "
                 "experiment names or the datagen connection's root"
             )
-        return lg
+        return lg, version
 
     # -- experiment level ----------------------------------------------------------------------
 
-    def prepared(self, pipeline: str, experiment: str) -> Prepared:
-        lg = self.log(pipeline, experiment)
-        version = lg.version
+    def prepared(self, pipeline: str, experiment: str, opened: tuple[CheckpointLog, int] | None = None) -> Prepared:
+        lg, version = opened or self.open(pipeline, experiment)
         return self._prepared.get((pipeline, experiment, version), lambda: self._prepare(lg, version))
 
     def _prepare(self, lg: CheckpointLog, version: int) -> Prepared:
@@ -360,22 +387,39 @@ class Reader:
             fold_seconds=fold_seconds,
         )
 
-    def recent_failures(self, pipeline: str, experiment: str) -> tuple[list[dict[str, Any]], int]:
-        """The newest failure-lens rows of the whole experiment (without tracebacks) and their count."""
-        lg = self.log(pipeline, experiment)
-        version = lg.version
+    def recent_failures(
+        self, pipeline: str, experiment: str, opened: tuple[CheckpointLog, int] | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The newest FAILED rows of the whole experiment (no tracebacks) and how many there are.
+
+        One filtered scan of the FAILED rows. ``CheckpointLog.failures()`` would also fold the whole
+        log again to find fencing violations, doubling the cost of a cold page; violations are counted
+        by the fold the page already has (card and filter) and listed on each item's page.
+        """
+        lg, version = opened or self.open(pipeline, experiment)
 
         def compute() -> tuple[list[dict[str, Any]], int]:
-            records = lg.failures()
-            records.sort(key=lambda r: (r.created_at is not None, r.created_at or 0, r.item_seq), reverse=True)
-            return [_failure_dict(r, with_traceback=False) for r in records[:RECENT_FAILURES]], len(records)
+            table = scan_events(lg, _FAILURE_COLUMNS, pc.field("event_type") == pa.scalar(EventType.FAILED.value))
+            rows = {r["event_id"]: r for r in table.to_pylist()}  # a retried batch lands twice
+            ordered = sorted(
+                rows.values(),
+                key=lambda r: (r["created_at"] is not None, r["created_at"] or 0, r["item_seq"]),
+                reverse=True,
+            )
+            recent = [
+                {**{k: r[k] for k in _FAILURE_COLUMNS if k != "error_message"}, "message": r["error_message"] or ""}
+                | {"created_at": _iso(r["created_at"])}
+                for r in ordered[:RECENT_FAILURES]
+            ]
+            return recent, len(rows)
 
         return self._failures.get((pipeline, experiment, version), compute)
 
     def status(self, pipeline: str, experiment: str) -> dict[str, Any]:
         """The experiment's folded status: summary counts, counts of every item, log stats, failures."""
-        prep = self.prepared(pipeline, experiment)
-        failures, failures_total = self.recent_failures(pipeline, experiment)
+        opened = self.open(pipeline, experiment)
+        prep = self.prepared(pipeline, experiment, opened)
+        failures, failures_total = self.recent_failures(pipeline, experiment, opened)
         summary = prep.summary
         done = summary["completed"] + summary["filtered"]
         return {
@@ -447,9 +491,13 @@ class Reader:
 
     def item(self, pipeline: str, experiment: str, item_id: str) -> dict[str, Any]:
         """An item's full trajectory, folded state, failures, fan-out children and input versions."""
-        lg = self.log(pipeline, experiment)
         if not isinstance(item_id, str) or not item_id or "\x00" in item_id:
             raise NotFoundError(f"no item {item_id!r} in {pipeline}/{experiment}: give a non-empty item id")
+        lg, version = self.open(pipeline, experiment)
+        return self._items.get((pipeline, experiment, version, item_id), lambda: self._item(lg, version, item_id))
+
+    def _item(self, lg: CheckpointLog, version: int, item_id: str) -> dict[str, Any]:
+        pipeline, experiment = lg.pipeline, lg.experiment
         subtree = lg.subtree(root_of(item_id))
         mine = [ev for ev in subtree if ev.item_id == item_id]
         if not mine:
@@ -499,7 +547,7 @@ class Reader:
         return {
             "pipeline": pipeline,
             "experiment": experiment,
-            "log_version": lg.version,
+            "log_version": version,
             "item_id": item_id,
             "root_item_id": root_of(item_id),
             "parent_item_id": parent_of(item_id),
@@ -612,18 +660,17 @@ class Reader:
         found = []
         for ref in self.experiments():
             try:
-                lg = self.log(ref.pipeline, ref.experiment)
-                version = lg.version
+                opened = self.open(ref.pipeline, ref.experiment)
+                version = opened[1]
                 key = (ref.pipeline, ref.experiment, version, dag_id, run_id, task_id, map_index)
-                result = self._ti.get(key, lambda lg=lg: self._ti_scan(lg, dag_id, run_id, task_id, map_index))
+                result = self._ti.get(
+                    key, lambda opened=opened: self._ti_result(opened, dag_id, run_id, task_id, map_index)
+                )
             except DatagenError as exc:
                 log.warning("skipping %s/%s in the task-instance view: %s", ref.pipeline, ref.experiment, exc)
                 continue
             if result["items_total"]:
-                prep = self.prepared(ref.pipeline, ref.experiment)
-                current = _current_status(prep.states, [row["item_id"] for row in result["items"]])
-                items = [{**row, "current_status": current.get(row["item_id"])} for row in result["items"]]
-                found.append({**result, "items": items, "log_version": version})
+                found.append(result)
         return {
             "dag_id": dag_id,
             "run_id": run_id,
@@ -631,6 +678,18 @@ class Reader:
             "map_index": map_index,
             "experiments": found,
         }
+
+    def _ti_result(
+        self, opened: tuple[CheckpointLog, int], dag_id: str, run_id: str, task_id: str, map_index: int
+    ) -> dict[str, Any]:
+        lg, version = opened
+        result = self._ti_scan(lg, dag_id, run_id, task_id, map_index)
+        if result["items_total"]:
+            # The current status comes from the fold of the same version, so it is cached with it.
+            prep = self.prepared(lg.pipeline, lg.experiment, opened)
+            current = _current_status(prep.states, [row["item_id"] for row in result["items"]])
+            result["items"] = [{**row, "current_status": current.get(row["item_id"])} for row in result["items"]]
+        return {**result, "log_version": version}
 
     @staticmethod
     def _ti_scan(lg: CheckpointLog, dag_id: str, run_id: str, task_id: str, map_index: int) -> dict[str, Any]:

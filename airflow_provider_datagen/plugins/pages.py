@@ -68,7 +68,7 @@ _CSS = """
 body{margin:0;padding:16px 20px;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;
 color:var(--fg);background:var(--bg)}
 a{color:var(--link);text-decoration:none}a:hover{text-decoration:underline}
-h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:22px 0 8px}
+h1{font-size:20px;margin:0 0 4px}h1.mono{font-size:17px;word-break:break-all}h2{font-size:16px;margin:22px 0 8px}
 .crumbs{color:var(--muted);margin-bottom:10px}.muted{color:var(--muted)}
 table{border-collapse:collapse;width:100%;margin:6px 0}
 th,td{border-bottom:1px solid var(--line);padding:4px 8px;text-align:left;vertical-align:top}
@@ -529,8 +529,9 @@ def _attempt(a: dict[str, Any]) -> str:
         bits.append(
             f"<span class='badge s-failed'>failed</span> <b>{esc(err['error_type'])}</b>: {esc(err['message'][:160])}"
         )
+    n = a["events"]
     return (
-        f"<div><span class='muted'>{a['events']} events (seq {a['first_seq']}–{a['last_seq']}, "
+        f"<div><span class='muted'>{n} event{'' if n == 1 else 's'} (seq {a['first_seq']}–{a['last_seq']}, "
         f"epoch {esc(a['writer_epoch'])})</span> " + "; ".join(bits) + "</div>"
     )
 

@@ -27,12 +27,12 @@ UI_CONN_ID = "datagen_ui_tests"
 USERS = "admin:admin,viewer:viewer"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ui_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("datagen_ui_root")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def airflow_app(airflow_db: Path, ui_root: Path) -> Iterator[FastAPI]:
     # Airflow reads AIRFLOW__* variables at each conf lookup, so setting them here is enough; they are
     # restored when the session ends.
@@ -62,7 +62,7 @@ def airflow_app(airflow_db: Path, ui_root: Path) -> Iterator[FastAPI]:
         purge_cached_app()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def passwords(airflow_app: FastAPI) -> dict[str, str]:
     from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
 
@@ -78,7 +78,7 @@ def anon(airflow_app: FastAPI) -> TestClient:
     return TestClient(airflow_app)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def admin_token(airflow_app: FastAPI, passwords: dict[str, str]) -> str:
     from fastapi.testclient import TestClient
 
@@ -97,7 +97,7 @@ def client(airflow_app: FastAPI, admin_token: str) -> TestClient:
     return c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ui_log(ui_root: Path):
     """Open (create lazily) an experiment's log under the UI's root."""
     from airflow_provider_datagen.core import CheckpointLog
