@@ -17,11 +17,13 @@ import fcntl
 import logging
 import os
 import threading
+import time
 import traceback as tb_module
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import lance
+import lance.fragment
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -88,6 +90,15 @@ def _local_path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
+def _being_created(path: str) -> bool:
+    """A local dataset directory whose first commit is in flight: data files but no version yet."""
+    try:
+        entries = set(os.listdir(path))
+    except OSError:
+        return False
+    return "data" in entries and entries <= {"data", "_transactions"}
+
+
 def _sql_free_eq(column: str, value: str) -> pc.Expression:
     # pyarrow expressions never need SQL quoting, so ids with quotes or newlines are safe filters.
     return pc.field(column) == pa.scalar(value, pa.string())
@@ -101,6 +112,14 @@ def _check_item_id(item_id: object) -> str:
             f"item id {item_id[:60]!r} contains NUL or is over {_MAX_ITEM_ID} characters; "
             "build ids with root_item_id()/child_item_id()"
         )
+    if not item_id.isascii():
+        try:
+            item_id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidItemError(
+                f"item id {item_id[:60]!r} contains a lone surrogate (not valid Unicode text); decode the "
+                "source key properly before building ids with root_item_id()"
+            ) from None
     return item_id
 
 
@@ -111,7 +130,13 @@ def _check_field(name: object) -> str:
 
 
 def _clip(text: str | None) -> str | None:
-    if text is None or len(text) <= _MAX_TEXT:
+    if text is None:
+        return None
+    if not text.isascii():
+        # error texts may carry lone surrogates (paths decoded with surrogateescape); a FAILED row
+        # must always be writable, so they are kept visibly as escapes instead of failing the batch
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= _MAX_TEXT:
         return text
     return text[:_MAX_TEXT] + f"... [{len(text) - _MAX_TEXT} characters cut]"
 
@@ -456,7 +481,14 @@ class LogWriter:
             cols["map_index"].append(af.get("map_index"))
             cols["try_number"].append(af.get("try_number"))
             cols["created_at"].append(now)
-        table = pa.table(cols, schema=EVENT_SCHEMA)
+        try:
+            table = pa.table(cols, schema=EVENT_SCHEMA)
+        except (UnicodeEncodeError, pa.ArrowInvalid) as exc:
+            raise InvalidEventError(
+                f"a batch of writer {self.writer_id!r} holds text that is not valid UTF-8 (an item id, "
+                f"field name or fingerprint with a lone surrogate?): {str(exc)[:200]}; decode it properly "
+                "(nothing of this batch was written)"
+            ) from None
         self.log._append(table)
         self._items.update(staged)
         self.commits += 1
@@ -472,7 +504,8 @@ class _MaintenanceLease:
     """
 
     def __init__(self, uri: str) -> None:
-        self._path = os.path.join(_local_path(uri), "..", ".maintenance.lock") if _is_local(uri) else None
+        local = os.path.dirname(os.path.normpath(_local_path(uri))) if _is_local(uri) else None
+        self._path = os.path.join(local, ".maintenance.lock") if local is not None else None
         self._fd: int | None = None
 
     def acquire(self) -> bool:
@@ -521,6 +554,8 @@ class CheckpointLog:
         self.uri = f"{root.rstrip('/')}/datagen_checkpoints/{pipeline}/{experiment}/log.lance"
         self._ds: lance.LanceDataset | None = None
         self._lock = threading.Lock()
+        self._appends_since_check = 0
+        self.projection_uri = f"{self.uri.rsplit('/', 1)[0]}/state.lance"
 
     def __repr__(self) -> str:
         return f"CheckpointLog({self.uri!r})"
@@ -583,6 +618,8 @@ class CheckpointLog:
             if not os.path.exists(path):
                 return None
             if not os.path.isdir(os.path.join(path, "_versions")):
+                if _being_created(path):
+                    return None
                 raise NotALogError(
                     f"{self.uri} exists but is not a Lance dataset (no _versions directory); move it away "
                     "or choose another experiment name"
@@ -656,26 +693,14 @@ class CheckpointLog:
         return table
 
     def _append(self, table: pa.Table) -> None:
-        ds = self._dataset()
+        # No refresh before appending: Lance rebases an append onto whatever version is latest at
+        # commit time (appends never conflict), so reading the newest manifest first is wasted I/O.
+        ds = self._ds if self._ds is not None else self._dataset()
         kwargs: dict[str, Any] = {"storage_options": self.storage_options}
         try:
             if ds is None:
-                try:
-                    self._ds = lance.write_dataset(
-                        table,
-                        self.uri,
-                        schema=EVENT_SCHEMA,
-                        mode="create",
-                        enable_stable_row_ids=True,
-                        data_storage_version=_STORAGE_VERSION,
-                        **kwargs,
-                    )
-                    return
-                except (OSError, ValueError) as exc:
-                    # Another writer created the dataset first: append to theirs.
-                    if "exist" not in str(exc).lower():
-                        raise
-                    ds = self._dataset()
+                self._create(table)
+                return
             self._ds = lance.write_dataset(table, ds, schema=EVENT_SCHEMA, mode="append", **kwargs)
         except DatagenErrorTypes:
             raise
@@ -683,12 +708,69 @@ class CheckpointLog:
             raise self._translate(exc, "appending a batch") from None
         self._maybe_auto_maintain()
 
+    def _create(self, table: pa.Table) -> None:
+        """Create the dataset with ``table`` as its first commit, or append it if another writer won.
+
+        ``write_dataset(mode="create")`` commits an Overwrite that Lance retries onto the next version
+        when writers race to create the log, silently replacing batches already acknowledged to the
+        others (measured: 4 processes creating one log at once kept 1 to 3 of their 4 batches). So the
+        first commit claims to read version 0 and is never retried: a writer that loses the race
+        commits the fragments it already wrote as an Append onto the winner's dataset.
+        """
+        opts = self.storage_options
+        try:
+            frags = lance.fragment.write_fragments(
+                table,
+                self.uri,
+                schema=EVENT_SCHEMA,
+                mode="create",
+                data_storage_version=_STORAGE_VERSION,
+                enable_stable_row_ids=True,
+                storage_options=opts,
+            )
+        except (OSError, ValueError, RuntimeError):
+            existing = self._open_dataset()  # created since we looked: a plain append
+            if existing is None:
+                raise
+            self._ds = lance.write_dataset(table, existing, schema=EVENT_SCHEMA, mode="append", storage_options=opts)
+            return
+        try:
+            self._ds = lance.LanceDataset.commit(
+                self.uri,
+                lance.LanceOperation.Overwrite(EVENT_SCHEMA, frags),
+                read_version=0,  # "there was no dataset": a version committed since is a conflict
+                max_retries=0,
+                enable_stable_row_ids=True,
+                storage_options=opts,
+            )
+            return
+        except (OSError, ValueError, RuntimeError) as exc:
+            lost_race: BaseException = exc
+        # The winner's first version is already visible when our commit of that version failed; poll
+        # briefly for stores that list lazily.
+        deadline = time.monotonic() + 10.0
+        ds = self._open_dataset()
+        while ds is None:
+            if time.monotonic() > deadline:
+                raise lost_race
+            time.sleep(0.05)
+            ds = self._open_dataset()
+        self._ds = lance.LanceDataset.commit(
+            self.uri, lance.LanceOperation.Append(frags), read_version=ds.version, storage_options=opts
+        )
+
     def _maybe_auto_maintain(self) -> None:
         limit = self.auto_maintain_fragments
         if not limit or self._ds is None:
             return
-        if len(self._ds.get_fragments()) >= limit:
-            log.info("log %s has %d fragments: running maintenance", self.uri, len(self._ds.get_fragments()))
+        self._appends_since_check += 1
+        # Counting fragments lists the manifest; once every 32 appends is plenty for a bound of hundreds.
+        if self._appends_since_check < 32:
+            return
+        self._appends_since_check = 0
+        fragments = len(self._ds.get_fragments())
+        if fragments >= limit:
+            log.info("log %s has %d fragments: running maintenance", self.uri, fragments)
             self.maintain()
 
     # --- writers ------------------------------------------------------------------------------
@@ -826,11 +908,79 @@ class CheckpointLog:
         return records
 
     def states(self) -> pa.Table:
-        """Vectorized fold of every item: one row per item (see ``fold.STATE_SCHEMA``)."""
-        table = self._scan(LIGHT_COLUMNS)
-        if table.num_rows == 0:
+        """Vectorized fold of every item: one row per item (see ``fold.STATE_SCHEMA``).
+
+        Uses the state projection written by :meth:`maintain` when there is one: items with events
+        newer than the projection's log version (``_row_created_at_version``) are re-folded from all
+        their events; every other row is exact as stored. Without a usable projection it folds the
+        light columns of the whole log.
+        """
+        ds = self._dataset()
+        if ds is None:
             return STATE_SCHEMA.empty_table()
-        return fold_table(table)
+        proj = self._read_projection(int(ds.version))
+        if proj is not None:
+            table, pversion = proj
+            if pversion == ds.version:
+                return table
+            delta = self._scan_ds(ds, ["item_id"], f"_row_created_at_version > {pversion}")
+            touched = pc.unique(delta["item_id"])
+            if len(touched) == 0:
+                return table
+            if len(touched) <= max(1000, table.num_rows // 4):
+                events = self._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(touched))
+                kept = table.filter(pc.invert(pc.is_in(table["item_id"], value_set=touched)))
+                return pa.concat_tables([kept, fold_table(events)])
+        return fold_table(self._scan_ds(ds, LIGHT_COLUMNS, None))
+
+    def _scan_ds(self, ds: lance.LanceDataset, columns: Sequence[str], filter: Any) -> pa.Table:
+        cols = list(dict.fromkeys([*columns, "schema_version"]))
+        try:
+            table = ds.to_table(columns=cols, filter=filter)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise self._translate(exc, "reading the log") from None
+        if table.num_rows:
+            for v in {pc.max(table["schema_version"]).as_py(), pc.min(table["schema_version"]).as_py()}:
+                self._check_version(int(v))
+        return table
+
+    def _read_projection(self, log_version: int) -> tuple[pa.Table, int] | None:
+        """The state projection and the log version it folds, or None when absent or unusable.
+
+        The projection is a disposable cache (seed 000: rebuildable, excluded from correctness): any
+        doubt (missing, unreadable, another schema, a version ahead of the log) means a full fold.
+        """
+        if _is_local(self.projection_uri) and not os.path.isdir(os.path.join(self.projection_uri, "_versions")):
+            return None
+        try:
+            pds = lance.dataset(self.projection_uri, storage_options=self.storage_options)
+            meta = pds.schema.metadata or {}
+            pversion = int(meta.get(b"log_version", b"-1"))
+            if (
+                int(meta.get(b"datagen_schema_version", b"0")) != DATAGEN_SCHEMA_VERSION
+                or not 0 < pversion <= log_version
+            ):
+                return None
+            table = pds.to_table()
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("ignoring the state projection of %s: %s", self.uri, str(exc)[:200])
+            return None
+        if table.schema.remove_metadata() != STATE_SCHEMA:
+            return None
+        return table.replace_schema_metadata(None), pversion
+
+    def _write_projection(self, ds: lance.LanceDataset) -> int:
+        """Fold the log at ``ds``'s version and store the result as the state projection."""
+        version = int(ds.version)
+        table = fold_table(self._scan_ds(ds, LIGHT_COLUMNS, None))
+        table = table.replace_schema_metadata(
+            {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
+        )
+        try:
+            lance.write_dataset(table, self.projection_uri, mode="overwrite", storage_options=self.storage_options)
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("could not write the state projection of %s: %s", self.uri, str(exc)[:200])
+        return table.num_rows
 
     def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
         """Counts of root items by lifecycle status, failures, and the log version."""
@@ -945,6 +1095,8 @@ class CheckpointLog:
         meanwhile are kept; stable row ids keep blob references valid; cleanup keeps every version
         younger than ``cleanup_older_than`` so concurrent readers never lose the files they read.
         """
+        if self._dataset() is None:
+            return {"skipped": True, "reason": "the log is empty"}
         lease = _MaintenanceLease(self.uri)
         if not lease.acquire():
             return {"skipped": True, "reason": "another maintenance worker holds the lease"}
@@ -973,8 +1125,10 @@ class CheckpointLog:
                 raise self._translate(exc, "maintaining the log") from None
             ds = self._dataset()
             assert ds is not None
+            projected = self._write_projection(ds)
             return {
                 "skipped": False,
+                "projected_items": projected,
                 "fragments_before": before,
                 "fragments_after": len(ds.get_fragments()),
                 "version": int(ds.version),

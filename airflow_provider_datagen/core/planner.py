@@ -73,26 +73,27 @@ def classify(
     if states.num_rows == 0:
         plan.fresh = ids
         return plan
-    idx = pc.index_in(pa.array(ids, pa.string()), value_set=states["item_id"])
+    id_array = pa.array(ids, pa.string())
+    idx = pc.index_in(id_array, value_set=states["item_id"])
     found = idx.is_valid().to_numpy(zero_copy_only=False)
-    take = pa.array(idx.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
-    sub = states.take(take)
-    status = sub["status"].to_numpy(zero_copy_only=False)
-    st_fp = sub["input_fingerprint"].to_numpy(zero_copy_only=False)
-    fps = np.array([s.fingerprint for s in source], dtype=object)
+    sub = states.take(idx.fill_null(0))
+    # Comparisons run in Arrow's kernels: no per-item Python work on the 1M-item path.
+    fps = pa.array([s.fingerprint for s in source], pa.string())
+    status = sub["status"]
+    started = found & pc.not_equal(status, ItemStatus.NEVER_STARTED.value).to_numpy(zero_copy_only=False)
+    same_fp = started & pc.equal(sub["input_fingerprint"], fps).fill_null(False).to_numpy(zero_copy_only=False)
+    running = pc.equal(status, ItemStatus.RUNNING.value).to_numpy(zero_copy_only=False)
     last_seq = sub["last_seq"].to_numpy(zero_copy_only=False)
-    started = found & (status != ItemStatus.NEVER_STARTED.value)
-    same_fp = started & (st_fp == fps)
-    running = status == ItemStatus.RUNNING.value
     cls = np.full(n, 0, dtype=np.int8)  # 0 fresh
     cls[started & ~same_fp] = 1  # invalidated
     cls[same_fp & ~running] = 2  # skip
     if processor_version is None:
         cls[same_fp & running] = 4
     else:
-        same_pv = sub["processor_version"].to_numpy(zero_copy_only=False) == processor_version
-        cls[same_fp & running & ~same_pv] = 3  # demoted
-        cls[same_fp & running & same_pv] = 4  # replay
+        same_pv = pc.equal(sub["processor_version"], processor_version).fill_null(False)
+        same_pv_np = same_pv.to_numpy(zero_copy_only=False)
+        cls[same_fp & running & ~same_pv_np] = 3  # demoted
+        cls[same_fp & running & same_pv_np] = 4  # replay
     failed = (sub["failures"].to_numpy(zero_copy_only=False) > 0) & (cls == 4)
     id_arr = np.array(ids, dtype=object)
     plan.fresh = id_arr[cls == 0].tolist()
