@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     import datetime as dt
 
 _SEP = "\x1f"
+# One encoder instance: json.dumps with keyword options builds a new encoder on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def canonical_json(value: Any, *, what: str = "value") -> str:
@@ -34,7 +36,7 @@ def canonical_json(value: Any, *, what: str = "value") -> str:
     content only; NaN is refused because it does not round-trip through JSON and is not equal to itself.
     """
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _CANONICAL.encode(value)
     except ValueError as exc:
         if "circular" in str(exc).lower():
             raise InvalidValueError(
@@ -105,8 +107,9 @@ def event_id_for(
     *parts: object,
 ) -> str:
     """Deterministic id of an event: a digest of its identity, never of its writer or time."""
-    text = _SEP.join((item_id, str(item_seq), event_type, *("" if p is None else str(p) for p in parts)))
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    text = _SEP.join((item_id, str(item_seq), event_type, *["" if p is None else str(p) for p in parts]))
+    # BLAKE2b: as collision-resistant as SHA-256 for 128-bit ids and faster on the commit hot path.
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def event_key_of(event_id: str) -> int:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import lance
 import lance.fragment
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -398,9 +399,9 @@ class LogWriter:
         if unknown:
             self._lookup(unknown)
         staged: dict[str, _ItemCache] = {}
-        now = dt.datetime.now(dt.timezone.utc)
-        cols: dict[str, list[Any]] = {name: [] for name in EVENT_SCHEMA.names}
-        af = self.airflow
+        rows: list[tuple[Any, ...]] = []
+        created, completed = EventType.ITEM_CREATED, EventType.STEP_COMPLETED
+        field_types = (EventType.FIELD_SET, EventType.FIELD_APPEND)
         for p in pending:
             cache = staged.get(p.item_id)
             if cache is None:
@@ -409,11 +410,12 @@ class LogWriter:
                 staged[p.item_id] = cache
             cache.last_seq += 1
             seq = cache.last_seq
-            if p.event_type is EventType.ITEM_CREATED:
+            et = p.event_type
+            if et is created:
                 cache.input_fingerprint = p.input_fingerprint
                 cache.field_modes = {}
-            elif p.event_type in (EventType.FIELD_SET, EventType.FIELD_APPEND):
-                mode = "set" if p.event_type is EventType.FIELD_SET else "append"
+            elif et in field_types:
+                mode = "set" if et is EventType.FIELD_SET else "append"
                 assert p.field is not None
                 prev = cache.field_modes.get(p.field)
                 if prev is not None and prev != mode:
@@ -431,9 +433,9 @@ class LogWriter:
             eid = event_id_for(
                 p.item_id,
                 seq,
-                p.event_type.value,
+                et.value,
                 fp,
-                pv if p.event_type in (EventType.ITEM_CREATED, EventType.STEP_COMPLETED) else None,
+                pv if (et is created or et is completed) else None,
                 p.status,
                 c.step_kind,
                 c.step,
@@ -447,40 +449,47 @@ class LogWriter:
                 err[0] if err else None,
                 err[1] if err else None,
             )
-            cols["event_id"].append(eid)
-            cols["event_key"].append(event_key_of(eid))
-            cols["schema_version"].append(DATAGEN_SCHEMA_VERSION)
-            cols["item_id"].append(p.item_id)
-            cols["root_item_id"].append(root_of(p.item_id))
-            cols["parent_item_id"].append(p.parent_item_id or parent_of(p.item_id))
-            cols["item_seq"].append(seq)
-            cols["event_type"].append(p.event_type.value)
-            cols["status"].append(p.status)
-            cols["step_kind"].append(c.step_kind)
-            cols["step"].append(c.step)
-            cols["enclosing_step"].append(c.enclosing_step)
-            cols["selector_step"].append(c.selector_step)
-            cols["iteration"].append(c.iteration)
-            cols["fanout_index"].append(c.fanout_index)
-            cols["field"].append(p.field)
-            cols["value_kind"].append(v.kind if v else None)
-            cols["value_json"].append(v.json_text if v else None)
-            cols["value_size"].append(v.size if v else None)
-            cols["value_digest"].append(v.digest if v else None)
-            cols["value_blob"].append(v.blob if v else None)
-            cols["input_fingerprint"].append(fp)
-            cols["processor_version"].append(pv)
-            cols["writer_id"].append(self.writer_id)
-            cols["writer_epoch"].append(self.epoch)
-            cols["error_type"].append(err[0] if err else None)
-            cols["error_message"].append(err[1] if err else None)
-            cols["error_traceback"].append(err[2] if err else None)
-            cols["dag_id"].append(af.get("dag_id"))
-            cols["run_id"].append(af.get("run_id"))
-            cols["task_id"].append(af.get("task_id"))
-            cols["map_index"].append(af.get("map_index"))
-            cols["try_number"].append(af.get("try_number"))
-            cols["created_at"].append(now)
+            # Row order must follow _ROW_COLUMNS.
+            rows.append(
+                (
+                    eid,
+                    event_key_of(eid),
+                    p.item_id,
+                    root_of(p.item_id),
+                    p.parent_item_id or parent_of(p.item_id),
+                    seq,
+                    et.value,
+                    p.status,
+                    c.step_kind,
+                    c.step,
+                    c.enclosing_step,
+                    c.selector_step,
+                    c.iteration,
+                    c.fanout_index,
+                    p.field,
+                    v.kind if v else None,
+                    v.json_text if v else None,
+                    v.size if v else None,
+                    v.digest if v else None,
+                    v.blob if v else None,
+                    fp,
+                    pv,
+                    err[0] if err else None,
+                    err[1] if err else None,
+                    err[2] if err else None,
+                )
+            )
+        n = len(rows)
+        cols: dict[str, Any] = dict(zip(_ROW_COLUMNS, (list(col) for col in zip(*rows))))
+        # Per-writer constants are repeated, not built per event.
+        af = self.airflow
+        cols["schema_version"] = pa.array(np.full(n, DATAGEN_SCHEMA_VERSION, np.int32))
+        cols["writer_id"] = pa.array([self.writer_id] * n, pa.string())
+        cols["writer_epoch"] = pa.array(np.full(n, self.epoch, np.int64))
+        for key, typ in _AIRFLOW_COLUMNS.items():
+            value = af.get(key)
+            cols[key] = pa.nulls(n, typ) if value is None else pa.array([value] * n, typ)
+        cols["created_at"] = pa.array([dt.datetime.now(dt.timezone.utc)] * n, pa.timestamp("us", tz="UTC"))
         try:
             table = pa.table(cols, schema=EVENT_SCHEMA)
         except (UnicodeEncodeError, pa.ArrowInvalid) as exc:
@@ -494,6 +503,43 @@ class LogWriter:
         self.commits += 1
         self.events_written += len(pending)
         return len(pending)
+
+
+#: Columns filled per event by LogWriter.commit, in the order of its row tuples.
+_ROW_COLUMNS = (
+    "event_id",
+    "event_key",
+    "item_id",
+    "root_item_id",
+    "parent_item_id",
+    "item_seq",
+    "event_type",
+    "status",
+    "step_kind",
+    "step",
+    "enclosing_step",
+    "selector_step",
+    "iteration",
+    "fanout_index",
+    "field",
+    "value_kind",
+    "value_json",
+    "value_size",
+    "value_digest",
+    "value_blob",
+    "input_fingerprint",
+    "processor_version",
+    "error_type",
+    "error_message",
+    "error_traceback",
+)
+_AIRFLOW_COLUMNS = {
+    "dag_id": pa.string(),
+    "run_id": pa.string(),
+    "task_id": pa.string(),
+    "map_index": pa.int64(),
+    "try_number": pa.int64(),
+}
 
 
 class _MaintenanceLease:

@@ -21,7 +21,7 @@ from airflow_provider_datagen.core.ids import root_item_id
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceItem:
     """One validated source item."""
 
