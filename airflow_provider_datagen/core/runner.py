@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_datagen.core.events import StepCoord, encode_value, fingerprint_of
+from airflow_provider_datagen.core.events import BlobRef, StepCoord, encode_value, fingerprint_of
 from airflow_provider_datagen.core.fold import ItemState, fold_events
 from airflow_provider_datagen.core.ids import child_item_id
 from airflow_provider_datagen.core.planner import ResumePlan, as_source, classify
@@ -87,6 +87,15 @@ class RunReport:
         }
 
 
+def _check_field_name(name: Any, where: str) -> None:
+    # The same rule the log applies at commit time, checked while the step can still fail alone.
+    if not isinstance(name, str) or not name or "\x00" in name or len(name) > 256:
+        raise ProcessError(
+            f"{where} the field name {str(name)[:80]!r}; field names must be non-empty strings of at most 256 "
+            "characters without NUL"
+        )
+
+
 class ItemContext:
     """What a step function sees besides the item: identity, attempt, folded fields, emitters."""
 
@@ -124,12 +133,14 @@ class ItemContext:
 
     def set(self, name: str, value: Any) -> None:
         """Set a field (FIELD_SET), checkpointed with this step."""
+        _check_field_name(name, f"item {self.item_id!r}: ctx.set got")
         encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
         self._mode_check(name, "set")
         self._ops.append(("set", name, value))
 
     def append(self, name: str, value: Any) -> None:
         """Append to a field (FIELD_APPEND), checkpointed with this step."""
+        _check_field_name(name, f"item {self.item_id!r}: ctx.append got")
         encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
         self._mode_check(name, "append")
         self._ops.append(("append", name, value))
@@ -181,6 +192,8 @@ class _Item:
     modes: dict[str, str] = field(default_factory=dict)
     completed: set[tuple[Any, ...]] = field(default_factory=set)
     open: set[tuple[Any, ...]] = field(default_factory=set)
+    #: recorded frames as (enclosing_step, step) pairs: which branch a selector took before a crash.
+    frames: set[tuple[str | None, str | None]] = field(default_factory=set)
     attempt: int = 1
 
     @classmethod
@@ -189,12 +202,31 @@ class _Item:
     ) -> _Item:
         it = cls(item_id, key, data, fp, state, children)
         if state is not None and state.status is ItemStatus.RUNNING and state.input_fingerprint == fp:
-            it.fields = dict(state.fields)
+            it.fields = _loaded(state.fields)
             it.modes = dict(state.field_modes)
             it.completed = {c.coord.frame_key for c in state.completed_steps}
             it.open = {c.frame_key for c in state.open_frames}
+            coords = [*(c.coord for c in state.completed_steps), *state.open_frames]
+            it.frames = {(c.enclosing_step, c.step) for c in coords}
             it.attempt = state.failures + 1
         return it
+
+
+def _loaded(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Folded fields with blob-stored values read back: a replay must see what the first run saw."""
+
+    def load(v: Any) -> Any:
+        if isinstance(v, BlobRef):
+            return v.load()
+        if isinstance(v, list):
+            return [load(x) for x in v]
+        return v
+
+    return {k: load(v) for k, v in fields.items()}
+
+
+def _step_names(step: Step) -> set[str]:
+    return {step.name}.union(*(_step_names(c) for c in step.children()))
 
 
 class _Runner:
@@ -224,8 +256,12 @@ class _Runner:
         self.reraise = reraise
         self.batch: Batch = self._new_batch()
         self.acked = 0
+        self.steps = 0
         self.last_flush = time.monotonic()
         self.has_fanout = _has_fanout(pipeline)
+        self._names: dict[int, set[str]] = {}
+        #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out).
+        self._known_children: set[str] = set()
 
     def _new_batch(self) -> Batch:
         from airflow_provider_datagen.core.log import Batch
@@ -241,6 +277,7 @@ class _Runner:
             self.report.events += n
         self.batch = self._new_batch()
         self.acked = 0
+        self.steps = 0
         self.last_flush = time.monotonic()
 
     def maybe_flush(self, *, boundary: bool = False) -> None:
@@ -248,7 +285,7 @@ class _Runner:
             return
         if (
             self.acked >= self.group
-            or (boundary and self.per_step)
+            or (boundary and self.per_step and self.steps)
             or time.monotonic() - self.last_flush >= self.interval
         ):
             self.flush()
@@ -266,9 +303,12 @@ class _Runner:
 
     # --- driving items ------------------------------------------------------------------------
 
-    def run_root(self, src: SourceItem, state: ItemState | None, replayed: bool) -> None:
+    def run_root(self, src: SourceItem, state: ItemState | None, replayed: bool, *, history: bool = False) -> None:
         children: dict[str, ItemState] = {}
-        if self.has_fanout and state is not None and state.status is ItemStatus.RUNNING:
+        self._known_children.clear()
+        if self.has_fanout and (history or (state is not None and state.status is ItemStatus.RUNNING)):
+            # A restarted root (demoted, edited) has children in the log too: their sequences must be
+            # known before the new generation appends to them.
             children = self._children_states(src.item_id)
         item = _Item.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
         if replayed:
@@ -303,6 +343,7 @@ class _Runner:
         if failed_id != item.item_id:
             # A child's failure also fails its root, so the root's failure lens tells the story.
             self.batch.failed(item.item_id, error=err, step=where.step)
+        self.acked += 1  # a failed attempt leaves the group too: checkpoint_every counts it
         self.report.failed.append(item.item_id)
         self.report.errors[item.item_id] = f"{type(err).__name__}: {err}"
         log.warning("item %s failed: %s: %s", item.item_id, type(err).__name__, err)
@@ -372,14 +413,20 @@ class _Runner:
         elif isinstance(step, (MapReduce, Branch, SubPipeline)):
             self._run_fanout(item, step, coord, path)
         elif isinstance(step, Conditional):
-            ctx = self._ctx(item, coord)
-            chosen = step.then if step.predicate(item.data, ctx) else step.otherwise
+            options = [c for c in (step.then, step.otherwise) if c is not None]
+            chosen = self._recorded_choice(item, options, enclosing)
+            if chosen is None:
+                ctx = self._ctx(item, coord)
+                chosen = step.then if self._call(item, coord, step.predicate, item.data, ctx) else step.otherwise
             if chosen is not None:
                 self._run(item, chosen, enclosing, iteration, step.name)
         elif isinstance(step, Router):
-            ctx = self._ctx(item, coord)
-            name = step.route(item.data, ctx)
-            target = step.routes.get(str(name)) or (step.routes[step.default] if step.default else None)
+            target = self._recorded_choice(item, list(step.routes.values()), enclosing)
+            name: Any = target.name if target is not None else None
+            if target is None:
+                ctx = self._ctx(item, coord)
+                name = self._call(item, coord, step.route, item.data, ctx)
+                target = step.routes.get(str(name)) or (step.routes[step.default] if step.default else None)
             if target is None:
                 raise _StepFailure(
                     item.item_id,
@@ -392,6 +439,30 @@ class _Runner:
             self._run(item, target, enclosing, iteration, step.name)
         else:
             self._run_leaf(item, step, coord)
+
+    def _call(self, item: _Item, coord: StepCoord, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call a selector or fan-out callable; its error fails the item at this step's coordinates."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise _StepFailure(item.item_id, coord, exc) from exc
+
+    def _recorded_choice(self, item: _Item, options: list[Step], enclosing: str | None) -> Step | None:
+        """The branch a selector took before a crash, rebuilt from the recorded frames of its subtree.
+
+        Re-asking the predicate on replay would see fields written *after* the choice and could take
+        the other branch too; step names are unique, so a recorded frame names its branch.
+        """
+        if not item.frames:
+            return None
+        for option in options:
+            names = self._names.get(id(option))
+            if names is None:
+                names = self._names[id(option)] = _step_names(option)
+            for enc, name in item.frames:
+                if name in names and (enclosing is None or enc == enclosing or (enc or "").startswith(enclosing + "/")):
+                    return option
+        return None
 
     def _start_frame(self, item: _Item, coord: StepCoord) -> None:
         if coord.frame_key not in item.open:
@@ -436,11 +507,15 @@ class _Runner:
         )
         item.completed.add(coord.frame_key)
         item.open.discard(coord.frame_key)
-        self.maybe_flush(boundary=True)
+        self.steps += 1
 
     def _run_leaf(self, item: _Item, step: Step, coord: StepCoord) -> None:
         if coord.frame_key in item.completed:
             return
+        # checkpoint_every=1: completed steps become durable before the next step runs. Checking here
+        # rather than after each step keeps an item's last step, its TERMINAL and its field deltas in
+        # one commit (the ack), as the contract says.
+        self.maybe_flush(boundary=True)
         ctx = self._ctx(item, coord)
         self.report.invocations += 1
         try:
@@ -467,8 +542,7 @@ class _Runner:
             )
         out: dict[str, Any] = {}
         for name, value in result.items():
-            if not isinstance(name, str) or not name:
-                raise ProcessError(f"item {item.item_id!r}: step {step.name!r} returned a non-string field name")
+            _check_field_name(name, f"item {item.item_id!r}: step {step.name!r} returned")
             encode_value(value, what=f"field {name!r} returned by step {step.name!r} for item {item.item_id!r}")
             out[name] = value
         return out
@@ -482,7 +556,6 @@ class _Runner:
             if step.until is not None and i > 0 and coord.frame_key not in item.open and step.until(item.fields):
                 return
             self._start_frame(item, coord)
-            self.maybe_flush(boundary=True)
             self._run(item, step.body, f"{path}#{i}", i, None)
             self._complete(item, coord, {}, [])
 
@@ -491,22 +564,28 @@ class _Runner:
             return
         ctx = self._ctx(item, coord)
         if isinstance(step, MapReduce):
-            inputs = [dict(x) for x in step.over(item.data, ctx)]
+            inputs = self._call(item, coord, lambda: [dict(x) for x in step.over(item.data, ctx)])
             bodies: list[Step] = [step.map] * len(inputs)
         elif isinstance(step, Branch):
             inputs = [item.data] * len(step.branches)
             bodies = list(step.branches)
         else:
             assert isinstance(step, SubPipeline)
-            inputs = [dict(step.input(item.data, ctx)) if step.input else item.data]
+            make_input = step.input
+            inputs = [self._call(item, coord, lambda: dict(make_input(item.data, ctx))) if make_input else item.data]
             bodies = [step.pipeline]
         children_fields: list[dict[str, Any]] = []
         for idx, (child_input, body) in enumerate(zip(inputs, bodies)):
             cid = child_item_id(item.item_id, step.name, idx)
             fp = fingerprint_of(child_input)
             cstate = item.children.get(cid)
-            if cstate is not None and cstate.is_done and cstate.input_fingerprint == fp:
-                children_fields.append(dict(cstate.fields))
+            if (
+                cstate is not None
+                and cstate.is_done
+                and cstate.input_fingerprint == fp
+                and cstate.processor_version == self.pv
+            ):
+                children_fields.append(_loaded(cstate.fields))
                 continue
             resumable = (
                 cstate is not None
@@ -517,7 +596,7 @@ class _Runner:
             if resumable:
                 child = _Item.start(cid, item.key, child_input, fp, cstate, item.children)
             else:
-                if cstate is None:
+                if cstate is None and cid not in self._known_children:
                     self.writer.prime(cid, last_seq=-1)
                 child = _Item(cid, item.key, child_input, fp, None, item.children)
                 self.batch.item_created(
@@ -531,6 +610,10 @@ class _Runner:
                     fanout_index=idx,
                     selector_step=coord.selector_step,
                 )
+            # From here on the writer tracks the child's sequence; a Loop running this fan-out again
+            # starts a new generation of the same child id after it, never over it.
+            self._known_children.add(cid)
+            item.children.pop(cid, None)
             status, reason = self._drive(child, body, path, None, None)
             self.batch.terminal(cid, status=status, reason=reason)
             children_fields.append(dict(child.fields))
@@ -634,7 +717,7 @@ def run_items(
             writer.prime(iid, last_seq=plan.last_seq.get(iid, -1))
         runner.pull([(by_id[iid], None) for iid in chunk])
         for iid in chunk:
-            runner.run_root(by_id[iid], None, replayed=iid in replayed_restarts)
+            runner.run_root(by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq)
             tick()
     runner.flush()
     return report

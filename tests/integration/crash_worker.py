@@ -1,0 +1,128 @@
+"""A ``run_items`` worker that kills itself with SIGKILL at a chosen point (crash-injection harness).
+
+    python -m tests.integration.crash_worker --root DIR --experiment E --n-items 30 \\
+        --checkpoint-every 3 --kill-mode invocation --kill-after 7 [--kind steps] [--emit-file F]
+
+Kill modes (``--kill-after K``):
+
+- ``none``: run to the end and print a JSON report on stdout.
+- ``invocation``: die at the start of the (K+1)-th call of a user function (K calls finished).
+- ``emit``: die right after the K-th side effect was appended to ``--emit-file`` (emitted, not acked).
+- ``pull``: die right after the K-th inbox pull committed: the group's ITEM_CREATED rows are durable,
+  none of its acks are (the window between the pull commit and the ack commit).
+- ``commit``: die right after the K-th commit of any kind landed.
+- ``before-commit``: die just before the K-th commit is written (its batch is lost).
+
+``--sleep-ms`` slows each invocation so a parent can SIGKILL the worker after a random delay instead.
+The pipelines come from :mod:`tests.integration.helpers_engine`, so an in-process baseline runs the same
+deterministic code. Exit status -9 (killed) is the expected outcome of every mode but ``none``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--root", required=True)
+    p.add_argument("--pipeline", default="engine", help="the log's pipeline name")
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--n-items", type=int, required=True)
+    p.add_argument("--checkpoint-every", default="none", help="an int, or 'none' for group commit")
+    p.add_argument("--kill-after", type=int, default=0)
+    p.add_argument(
+        "--kill-mode", default="none", choices=["none", "invocation", "emit", "pull", "commit", "before-commit"]
+    )
+    p.add_argument("--kind", default="flat", choices=["flat", "steps"], help="which deterministic pipeline")
+    p.add_argument("--emit-file", default=None, help="append one line per side effect here")
+    p.add_argument("--sleep-ms", type=float, default=0.0)
+    p.add_argument("--epoch", type=int, default=None, help="writer epoch (default: log.next_epoch())")
+    p.add_argument("--writer-id", default="crash-worker")
+    p.add_argument("--salt", default="", help="changes every item's content (an edited source)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from airflow_provider_datagen.core import run_items
+    from airflow_provider_datagen.core.log import LogWriter
+    from airflow_provider_datagen.core.runner import _Runner
+    from tests.integration import helpers_engine as h
+
+    mode, k = args.kill_mode, args.kill_after
+    counts = {"invocations": 0, "emits": 0, "pulls": 0, "commits": 0}
+
+    class KillingRecorder(h.Recorder):
+        def __call__(self, ctx: Any) -> None:
+            if mode == "invocation" and counts["invocations"] >= k:
+                _die()
+            counts["invocations"] += 1
+            if args.sleep_ms:
+                time.sleep(args.sleep_ms / 1000.0)
+            super().__call__(ctx)
+
+    emit = None
+    if args.emit_file:
+
+        def emit(key: str, payload: str) -> None:
+            h.append_line(args.emit_file, key, payload)
+            counts["emits"] += 1
+            if mode == "emit" and counts["emits"] >= k:
+                _die()
+
+    if mode in ("commit", "before-commit"):
+        original_commit = LogWriter.commit
+
+        def commit(self: LogWriter, batch: Any) -> int:
+            if mode == "before-commit" and counts["commits"] + 1 >= k:
+                _die()
+            n = original_commit(self, batch)
+            counts["commits"] += 1
+            if mode == "commit" and counts["commits"] >= k:
+                _die()
+            return n
+
+        LogWriter.commit = commit  # type: ignore[method-assign]
+    if mode == "pull":
+        original_pull = _Runner.pull
+
+        def pull(self: _Runner, items: Any) -> None:
+            original_pull(self, items)
+            if items:
+                counts["pulls"] += 1
+                if counts["pulls"] >= k:
+                    _die()
+
+        _Runner.pull = pull  # type: ignore[method-assign]
+
+    log = h.open_log(args.root, args.experiment, args.pipeline)
+    ce = None if args.checkpoint_every in ("none", "None", "") else int(args.checkpoint_every)
+    epoch = args.epoch if args.epoch is not None else log.next_epoch()
+    recorder = KillingRecorder()
+    report = run_items(
+        log,
+        h.make_items(args.n_items, salt=args.salt),
+        h.build_pipeline(args.kind, recorder, emit),
+        checkpoint_every=ce,
+        writer_id=args.writer_id,
+        epoch=epoch,
+        checkpoint_interval=3600.0,
+    )
+    print(json.dumps({"killed": False, **report.as_dict(), "counts": counts}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Shared pieces of the resume-engine suites: deterministic pipelines, crash injection, log readers.
+
+The crash worker (``crash_worker.py``) imports the pipelines from here, so a subprocess killed with
+SIGKILL and the in-process baseline run exactly the same code. Everything is deterministic: a step's
+output is a pure function of the item and its folded fields (seed 001 ``process_is_deterministic``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import lance
+import pyarrow as pa
+
+from airflow_provider_datagen.core import (
+    CheckpointLog,
+    Conditional,
+    Loop,
+    MapReduce,
+    Sequence,
+    Step,
+    canonical_json,
+    results_fingerprint,
+)
+from airflow_provider_datagen.core.export import collect_results
+from airflow_provider_datagen.core.log import LogWriter
+from airflow_provider_datagen.core.schema import EVENT_SCHEMA, LIGHT_COLUMNS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+PIPELINE = "engine"
+
+
+class Crash(BaseException):
+    """Stands for the process dying: not an Exception, so no handler mistakes it for an item error."""
+
+
+# --- logs ----------------------------------------------------------------------------------------------
+
+
+def open_log(root: str | os.PathLike[str], experiment: str, pipeline: str = PIPELINE) -> CheckpointLog:
+    return CheckpointLog.open(root, pipeline=pipeline, experiment=experiment)
+
+
+def copy_log(log: CheckpointLog, experiment: str) -> CheckpointLog:
+    """A byte copy of ``log`` under another experiment name (a manifest to branch from)."""
+    target = open_log(log.root, experiment, log.pipeline)
+    if log.exists():
+        shutil.copytree(log.uri, target.uri)
+    return open_log(log.root, experiment, log.pipeline)
+
+
+def raw_events(log: CheckpointLog, columns: list[str] | None = None) -> pa.Table:
+    """Every stored row of the log (duplicates included), without the blob column."""
+    cols = columns or [f.name for f in EVENT_SCHEMA if f.name != "value_blob"]
+    if not log.exists():
+        return EVENT_SCHEMA.empty_table().select(cols)
+    return lance.dataset(log.uri).to_table(columns=cols)
+
+
+def light_events(log: CheckpointLog) -> pa.Table:
+    return raw_events(log, [*LIGHT_COLUMNS, "event_id"])
+
+
+def write_events(table: pa.Table, root: str | os.PathLike[str], experiment: str) -> CheckpointLog:
+    """A new log holding exactly ``table``'s rows (a merged manifest)."""
+    lg = open_log(root, experiment)
+    full = table
+    for f in EVENT_SCHEMA:
+        if f.name not in full.column_names:
+            full = full.append_column(f.name, pa.nulls(full.num_rows, f.type))
+    lance.write_dataset(full.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA), lg.uri, schema=EVENT_SCHEMA)
+    return open_log(root, experiment)
+
+
+def results_fp(log: CheckpointLog) -> str:
+    """The export fingerprint without writing the export dataset (same code path as export_results)."""
+    return results_fingerprint(collect_results(log))
+
+
+def statuses(log: CheckpointLog) -> dict[str, str]:
+    st = log.states()
+    return dict(zip(st["item_id"].to_pylist(), st["status"].to_pylist()))
+
+
+# --- crash injection -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def crash_at_commit(k: int) -> Iterator[dict[str, int]]:
+    """Every ``LogWriter.commit`` from the ``k``-th (0-based) on raises :class:`Crash` before writing.
+
+    That is what a process killed just before its k-th commit leaves behind: commits 0..k-1 durable,
+    nothing after. The yielded dict counts the commits attempted.
+    """
+    original = LogWriter.commit
+    seen = {"commits": 0}
+
+    def commit(self: LogWriter, batch: Any) -> int:
+        n = seen["commits"]
+        seen["commits"] = n + 1
+        if n >= k:
+            raise Crash(f"crash before commit {k}")
+        return original(self, batch)
+
+    LogWriter.commit = commit  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        LogWriter.commit = original  # type: ignore[method-assign]
+
+
+def count_commits(fn: Callable[[], Any]) -> int:
+    with crash_at_commit(1 << 30) as seen:
+        fn()
+    return seen["commits"]
+
+
+# --- items and deterministic pipelines -------------------------------------------------------------------
+
+
+def make_items(n: int, *, salt: str = "") -> list[dict[str, Any]]:
+    return [{"id": i, "text": f"item-{i}{salt}", "weight": (i * 7) % 5 + 1} for i in range(n)]
+
+
+class Recorder:
+    """Counts calls per item id (the user function's view of 'invocations')."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, ctx: Any) -> None:
+        self.calls.append(ctx.item_id)
+
+    @property
+    def by_item(self) -> Counter[str]:
+        return Counter(self.calls)
+
+
+def flat_output(item: dict[str, Any]) -> dict[str, Any]:
+    text = str(item["text"])
+    return {"upper": text.upper(), "score": len(text) * int(item.get("weight", 1))}
+
+
+def flat_process(recorder: Recorder | None = None, emit: Callable[[str, str], None] | None = None) -> Any:
+    """One leaf: the output is a pure function of the item; optionally emits one side effect."""
+
+    def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        if recorder is not None:
+            recorder(ctx)
+        out = flat_output(item)
+        if emit is not None:
+            emit(ctx.idempotency_key("notify"), canonical_json({"item": ctx.item_id, **out}))
+        return out
+
+    return process
+
+
+def steps_pipeline(hook: Callable[[str, Any], None] | None = None) -> Sequence:
+    """Every driver, a fan-out and a selector in one pipeline; ``hook(step, ctx)`` runs before each leaf."""
+
+    def h(step: str, ctx: Any) -> None:
+        if hook is not None:
+            hook(step, ctx)
+
+    def parse(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        h("parse", ctx)
+        return {"words": str(item["text"]).split("-"), "w": int(item.get("weight", 1))}
+
+    def refine(item: dict[str, Any], ctx: Any) -> None:
+        h("refine", ctx)
+        ctx.append("trail", f"{ctx.iteration}:{ctx.fields['w'] * (ctx.iteration + 1)}")
+
+    def leaf(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        h("leaf", ctx)
+        return {"sq": item["v"] * item["v"]}
+
+    def reduce(children: list[dict[str, Any]], ctx: Any) -> dict[str, Any]:
+        return {"total": sum(c["sq"] for c in children)}
+
+    def big(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        h("big", ctx)
+        return {"kind": "big", "final": ctx.fields["total"] * 2}
+
+    def small(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        h("small", ctx)
+        return {"kind": "small", "final": ctx.fields["total"] + 1}
+
+    return Sequence(
+        "main",
+        [
+            Step("parse", parse),
+            Loop("refine_loop", Step("refine", refine), times=2),
+            MapReduce(
+                "fan",
+                over=lambda item, ctx: [{"v": v + ctx.fields["w"]} for v in range(len(ctx.fields["words"]) + 1)],
+                map=Step("leaf", leaf),
+                reduce=reduce,
+            ),
+            Conditional(
+                "gate",
+                lambda item, ctx: ctx.fields["total"] % 2 == 0,
+                then=Step("big", big),
+                otherwise=Step("small", small),
+            ),
+        ],
+    )
+
+
+def build_pipeline(kind: str, recorder: Recorder | None = None, emit: Any = None) -> Any:
+    if kind == "flat":
+        return flat_process(recorder, emit)
+    if kind == "steps":
+
+        def hook(step: str, ctx: Any) -> None:
+            if recorder is not None:
+                recorder(ctx)
+            if emit is not None:
+                emit(ctx.idempotency_key(step), canonical_json({"item": ctx.item_id, "step": step}))
+
+        return steps_pipeline(hook)
+    raise ValueError(f"unknown pipeline kind {kind!r}")
+
+
+# --- side-effect receiver ----------------------------------------------------------------------------------
+
+
+def append_line(path: str | os.PathLike[str], key: str, payload: str) -> None:
+    """An append-only side effect that survives SIGKILL (one O_APPEND write)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{key}\t{payload}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def read_emissions(path: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return [tuple(line.rstrip("\n").split("\t", 1)) for line in fh if line.strip()]  # type: ignore[misc]
+
+
+def dedupe_receiver(emissions: list[tuple[str, str]]) -> dict[str, str]:
+    """What a receiver that drops duplicate idempotency keys ends up holding."""
+    out: dict[str, str] = {}
+    for key, payload in emissions:
+        if key in out:
+            assert out[key] == payload, f"two different payloads under one idempotency key {key}"
+            continue
+        out[key] = payload
+    return out
+
+
+def export_rows(dest: str | Path) -> list[dict[str, Any]]:
+    return lance.dataset(str(dest)).to_table().to_pylist()
+
+
+def fields_of_export(dest: str | Path) -> dict[str, dict[str, Any]]:
+    return {r["item_id"]: json.loads(r["fields"]) for r in export_rows(dest)}
