@@ -54,6 +54,27 @@ def reliable_fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any
     return {"answer": f"answer-{h[:12]}", "tokens": int(h[12:16], 16) % 500 + 1}
 
 
+def bench_fails_first(item_id: str) -> bool:
+    """One item in a hundred fails its first attempt (the benchmark's 99 %-done rerun)."""
+    return int(_digest(item_id)[:4], 16) % 100 == 0
+
+
+def bench_work(item: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's per-item fake work: a short sleep and a hash."""
+    latency = float(os.environ.get("DATAGEN_FAKE_LATENCY", "0") or 0)
+    if latency > 0:
+        time.sleep(latency)
+    h = _digest(str(item.get("prompt", "")))
+    return {"answer": f"answer-{h[:12]}"}
+
+
+def bench_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
+    """:func:`bench_work` as a datagen process; 1 % of items fail their first attempt."""
+    if ctx.attempt == 1 and bench_fails_first(ctx.item_id):
+        raise TransientModelError(f"fake transient error for {ctx.item_id}")
+    return bench_work(item)
+
+
 def _draft(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
     _record("draft", ctx)
     prev = ctx.fields.get("draft", item["question"])

@@ -81,6 +81,8 @@ _MAX_TEXT = 64 * 1024
 _STORAGE_VERSION: Final = "2.1"
 _INDEXED_COLUMNS = ("item_id", "root_item_id", "event_id")
 _FAILED_SAMPLE = 20
+_VALID_STEP_NAMES: set[str] = set()
+_STEP_KINDS: dict[Any, str] = {**{k.value: k.value for k in StepKind}, **{k: k.value for k in StepKind}}
 
 
 def _is_local(uri: str) -> bool:
@@ -185,18 +187,21 @@ class Batch:
         fanout_index: int | None,
         selector_step: str | None,
     ) -> StepCoord:
-        if step is not None:
+        if step is not None and step not in _VALID_STEP_NAMES:
             check_name(step, "step")
+            if len(_VALID_STEP_NAMES) < 10_000:  # names are few; the cache only skips re-validation
+                _VALID_STEP_NAMES.add(step)
         if step_kind is not None:
-            try:
-                step_kind = StepKind(step_kind).value
-            except ValueError:
+            kind = _STEP_KINDS.get(step_kind)
+            if kind is None:
                 raise InvalidEventError(
                     f"unknown step_kind {step_kind!r}; use one of {[k.value for k in StepKind]}"
-                ) from None
-        for what, val in (("iteration", iteration), ("fanout_index", fanout_index)):
-            if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
-                raise InvalidEventError(f"{what} must be a non-negative int, got {val!r}")
+                )
+            step_kind = kind
+        if iteration is not None or fanout_index is not None:
+            for what, val in (("iteration", iteration), ("fanout_index", fanout_index)):
+                if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
+                    raise InvalidEventError(f"{what} must be a non-negative int, got {val!r}")
         return StepCoord(step, step_kind, enclosing_step, iteration, fanout_index, selector_step)
 
     def item_created(
@@ -489,7 +494,8 @@ class LogWriter:
         for key, typ in _AIRFLOW_COLUMNS.items():
             value = af.get(key)
             cols[key] = pa.nulls(n, typ) if value is None else pa.array([value] * n, typ)
-        cols["created_at"] = pa.array([dt.datetime.now(dt.timezone.utc)] * n, pa.timestamp("us", tz="UTC"))
+        now_us = np.datetime64(dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), "us")
+        cols["created_at"] = pa.array(np.full(n, now_us), pa.timestamp("us", tz="UTC"))
         try:
             table = pa.table(cols, schema=EVENT_SCHEMA)
         except (UnicodeEncodeError, pa.ArrowInvalid) as exc:

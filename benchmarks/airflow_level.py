@@ -1,0 +1,88 @@
+"""Child of ``benchmarks.run`` (section ``airflow``): runs inside a migrated AIRFLOW_HOME.
+
+Times ``dag.test()`` of (a) N items as 10 chunks through DatagenMapOperator, (b) the same fake work as N
+native mapped task instances, and (c) a new run of (a) with 99 % of items done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+CHUNKED = """
+from __future__ import annotations
+import pendulum
+from airflow.sdk import DAG
+from airflow_provider_datagen.operators.datagen import DatagenMapOperator, DatagenPlanOperator
+from airflow_provider_datagen.examples import prompts
+
+with DAG("bench_chunked", schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
+    plan = DatagenPlanOperator(task_id="plan", pipeline="bench", experiment="airflow", source=prompts({n}),
+                               chunk_size={chunk})
+    DatagenMapOperator.partial(task_id="generate", pipeline="bench", experiment="airflow",
+                               process="airflow_provider_datagen.examples:bench_model").expand_kwargs(plan.output)
+"""
+
+NATIVE = """
+from __future__ import annotations
+import pendulum
+from airflow.sdk import DAG, task
+from airflow_provider_datagen.examples import bench_work, prompts
+
+with DAG("bench_native", schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
+    @task
+    def items():
+        return prompts({n})
+
+    @task
+    def work(item):
+        return bench_work(item)
+
+    work.expand(item=items())
+"""
+
+
+def run(dag_file: Path, dag_id: str) -> float:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(dag_file), safe_mode=False, bundle_path=dag_file.parent, bundle_name="dags-folder")
+    if bag.import_errors:
+        raise SystemExit(str(bag.import_errors))
+    dag = bag.dags[dag_id]
+    t = time.perf_counter()
+    dag.test()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    n = int(sys.argv[1])
+    dags = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    os.environ.setdefault("DATAGEN_FAKE_LATENCY", "0.005")
+    (dags / "bench_chunked.py").write_text(CHUNKED.format(n=n, chunk=max(1, n // 10)))
+    (dags / "bench_native.py").write_text(NATIVE.format(n=n))
+    first = run(dags / "bench_chunked.py", "bench_chunked")
+    rerun = run(dags / "bench_chunked.py", "bench_chunked")
+    native = run(dags / "bench_native.py", "bench_native")
+    from airflow_provider_datagen.examples import bench_fails_first
+
+    failed = sum(bench_fails_first(f"p{i:04d}") for i in range(n))
+    print(
+        json.dumps(
+            {
+                "items": n,
+                "chunks": 10,
+                "chunked_s": first,
+                "first_s": first,
+                "rerun_s": rerun,
+                "native_s": native,
+                "done_fraction": 1 - failed / n,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

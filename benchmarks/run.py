@@ -1,0 +1,443 @@
+"""``make bench``: the provider's figures beside baselines measured in the same run.
+
+Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` picks some):
+
+* ``throughput``: no-op items/s through ``run_items`` at several ``checkpoint_every``, against the same
+  marker rows written to a SQLite sidecar (WAL, one transaction per batch, ``synchronous=FULL``), to a
+  JSONL sidecar (fsync per batch), and raw Lance appends of the same rows (the floor).
+* ``plan``: ``plan_resume`` over N source items / ~5N events, 95 % done, against a scan of the light
+  columns (the floor) and a naive per-item Python fold (measured on a sample, scaled), plus peak RSS
+  of planning in a fresh process.
+* ``reads``: ``item_state`` and the UI's item query before and after ``maintain()``, and after 10,000
+  small commits against a freshly written log.
+* ``airflow``: 1,000 items as 10 chunks through ``DatagenMapOperator`` against 1,000 native mapped task
+  instances doing the same fake work, and the rerun with 99 % done (``dag.test()``).
+
+Every figure is a median over repeats; ratios compare figures of this run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+RESULTS = Path(__file__).with_name("results.json")
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _noop(item: dict[str, Any], ctx: Any) -> None:
+    return None
+
+
+# --- 1. checkpoint throughput ---------------------------------------------------------------------
+
+
+def _marker_rows(n: int) -> list[tuple[str, int, str, str]]:
+    rows = []
+    for i in range(n):
+        iid = f"item-{i:07d}"
+        rows += [(iid, 0, "ITEM_CREATED", "fp"), (iid, 1, "STEP_COMPLETED", "fp"), (iid, 2, "TERMINAL", "fp")]
+    return rows
+
+
+def _groups(n: int, group: int) -> list[tuple[int, int]]:
+    return [(s, min(s + group, n)) for s in range(0, n, group)]
+
+
+def _pull_and_ack(n: int, group: int, pull: int) -> list[tuple[str, int, int]]:
+    """The commit pattern of run_items: a pull commit per ``pull`` items, an ack commit per ``group``."""
+    out: list[tuple[str, int, int]] = []
+    for ps, pe in _groups(n, pull):
+        out.append(("pull", ps, pe))
+        out.extend(("ack", s, e) for s, e in _groups(pe - ps, group) for s, e in [(ps + s, ps + e)])
+    return out
+
+
+def _select(rows: list[tuple[str, int, str, str]], kind: str, s: int, e: int) -> list[tuple[str, int, str, str]]:
+    """The marker rows of items s..e: ITEM_CREATED for a pull, STEP_COMPLETED + TERMINAL for an ack."""
+    lo, hi = (0, 1) if kind == "pull" else (1, 3)
+    return [r for i in range(s, e) for r in rows[3 * i + lo : 3 * i + hi]]
+
+
+def sqlite_sidecar(tmp: Path, n: int, group: int, pull: int) -> None:
+    db = sqlite3.connect(tmp / f"manifest-{time.monotonic_ns()}.db", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE markers (item_id TEXT, seq INTEGER, type TEXT, fp TEXT, PRIMARY KEY (item_id, seq))")
+    rows = _marker_rows(n)
+    for kind, s, e in _pull_and_ack(n, group, pull):
+        batch = [
+            r for i in range(s, e) for r in (rows[3 * i : 3 * i + 1] if kind == "pull" else rows[3 * i + 1 : 3 * i + 3])
+        ]
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO markers VALUES (?, ?, ?, ?)", batch)
+        db.execute("COMMIT")
+    db.close()
+
+
+def jsonl_sidecar(tmp: Path, n: int, group: int, pull: int) -> None:
+    rows = _marker_rows(n)
+    with open(tmp / f"manifest-{time.monotonic_ns()}.jsonl", "a", encoding="utf-8") as fh:
+        for kind, s, e in _pull_and_ack(n, group, pull):
+            sel = [
+                r
+                for i in range(s, e)
+                for r in (rows[3 * i : 3 * i + 1] if kind == "pull" else rows[3 * i + 1 : 3 * i + 3])
+            ]
+            fh.write("".join(json.dumps({"item_id": a, "seq": b, "type": c, "fp": d}) + "\n" for a, b, c, d in sel))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def raw_lance(tmp: Path, n: int, group: int, pull: int, template: Any) -> None:
+    """The floor: the very rows run_items wrote, appended with the same commit pattern, no Python per row."""
+    import lance
+    import pyarrow.compute as pc
+
+    from airflow_provider_datagen.core.schema import EVENT_SCHEMA
+
+    types = ("ITEM_CREATED", "STEP_COMPLETED", "TERMINAL")
+    by_type = {t: template.filter(pc.equal(template["event_type"], t)) for t in types}
+    uri = str(tmp / f"raw-{time.monotonic_ns()}.lance")
+    ds = None
+    for kind, s, e in _pull_and_ack(n, group, pull):
+        if kind == "pull":
+            table = by_type["ITEM_CREATED"].slice(s, e - s)
+        else:
+            table = pa.concat_tables([by_type["STEP_COMPLETED"].slice(s, e - s), by_type["TERMINAL"].slice(s, e - s)])
+        if ds is None:
+            ds = lance.write_dataset(table, uri, schema=EVENT_SCHEMA, enable_stable_row_ids=True)
+        else:
+            ds = lance.write_dataset(table, ds, mode="append")
+        # The same durability as the log's: fsync data, manifest and directories.
+        _fsync_tree_new(uri)
+
+
+_SYNCED: set[str] = set()
+
+
+def _fsync_tree_new(uri: str) -> None:
+    for sub in ("data", "_versions"):
+        d = os.path.join(uri, sub)
+        for name in os.listdir(d):
+            p = os.path.join(d, name)
+            if p in _SYNCED or name.endswith(".json"):
+                continue
+            fd = os.open(p, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            _SYNCED.add(p)
+        fd = os.open(d, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+
+def _throughput_case(tmp: Path, ce: int | None, n: int, repeats: int) -> dict[str, Any]:
+    from airflow_provider_datagen.core import CheckpointLog, run_items
+    from airflow_provider_datagen.core.runner import DEFAULT_GROUP_ITEMS, MIN_PULL
+
+    items = [{"id": f"item-{i:07d}", "v": i} for i in range(n)]
+    group = ce or DEFAULT_GROUP_ITEMS
+    pull = max(group, MIN_PULL)
+    logs: list[Any] = []
+
+    def ours() -> None:
+        log = CheckpointLog.open(tmp / f"ours-{time.monotonic_ns()}", pipeline="b", experiment="e")
+        run_items(log, items, _noop, checkpoint_every=ce)
+        logs.append(log)
+
+    t_ours = median_time(ours, repeats)
+    from airflow_provider_datagen.core.schema import EVENT_SCHEMA, NON_BLOB_COLUMNS
+
+    light = logs[-1]._dataset().to_table(columns=list(NON_BLOB_COLUMNS))
+    light = light.append_column(EVENT_SCHEMA.field("value_blob"), pa.nulls(light.num_rows, pa.large_binary()))
+    template = light.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA)
+    template = template.sort_by([("item_id", "ascending"), ("item_seq", "ascending")])
+    t_sqlite = median_time(lambda: sqlite_sidecar(tmp, n, group, pull), repeats)
+    t_jsonl = median_time(lambda: jsonl_sidecar(tmp, n, group, pull), repeats)
+    t_raw = median_time(lambda: raw_lance(tmp, n, group, pull, template), repeats)
+    return {
+        "checkpoint_every": "default" if ce is None else ce,
+        "items": n,
+        "ours_items_per_s": n / t_ours,
+        "sqlite_items_per_s": n / t_sqlite,
+        "jsonl_items_per_s": n / t_jsonl,
+        "raw_lance_items_per_s": n / t_raw,
+        "ours_vs_sqlite": t_sqlite / t_ours,
+        "ours_time_vs_raw_lance": t_ours / t_raw,
+    }
+
+
+def bench_throughput(tmp: Path, quick: bool) -> list[dict[str, Any]]:
+    out = []
+    settings = [(1, 300 if quick else 1000), (10, 2000 if quick else 5000), (100, 5000 if quick else 20000)]
+    settings.append((None, 5000 if quick else 50000))
+    repeats = 3
+    for ce, n in settings:
+        row = _throughput_case(tmp, ce, n, repeats)
+        out.append(row)
+        print(
+            f"  checkpoint_every={row['checkpoint_every']!s:>7} n={n:>6}: ours {row['ours_items_per_s']:>9.0f}/s | "
+            f"sqlite {row['sqlite_items_per_s']:>9.0f}/s | jsonl {row['jsonl_items_per_s']:>9.0f}/s | "
+            f"raw lance {row['raw_lance_items_per_s']:>9.0f}/s | ours/sqlite {row['ours_vs_sqlite']:.2f}x | "
+            f"time ours/raw {row['ours_time_vs_raw_lance']:.2f}x",
+            flush=True,
+        )
+    return out
+
+
+# --- 2. resume planning -----------------------------------------------------------------------------
+
+_PLAN_CHILD = r"""
+import json, resource, sys, time
+from airflow_provider_datagen.core import CheckpointLog, plan_resume, prepare_items
+from benchmarks.synth import source_items
+root, n = sys.argv[1], int(sys.argv[2])
+items = prepare_items(source_items(n))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+log = CheckpointLog.open(root, pipeline="bench", experiment="plan")
+t = time.perf_counter()
+plan = plan_resume(log, items)
+dt = time.perf_counter() - t
+print(json.dumps({"plan_s": dt, "rss_before_mb": before / 1024,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "skip": len(plan.skip), "pending": len(plan.pending)}))
+"""
+
+
+def bench_plan(tmp: Path, quick: bool) -> dict[str, Any]:
+    from airflow_provider_datagen.core import CheckpointLog, plan_resume, prepare_items
+    from airflow_provider_datagen.core.fold import fold_events
+    from airflow_provider_datagen.core.schema import LIGHT_COLUMNS
+    from benchmarks.synth import build_log, source_items
+
+    n = 100_000 if quick else 1_000_000
+    root = tmp / "plan"
+    log = CheckpointLog.open(root, pipeline="bench", experiment="plan", auto_maintain_fragments=None)
+    raw_items = source_items(n)
+    t = time.perf_counter()
+    events = build_log(log, raw_items, 0.95)
+    build_s = time.perf_counter() - t
+    t = time.perf_counter()
+    items = prepare_items(raw_items)
+    prepare_s = time.perf_counter() - t
+    ds = log._dataset()
+    floor = median_time(lambda: ds.to_table(columns=list(LIGHT_COLUMNS)), 3)
+    cold = median_time(lambda: plan_resume(log, items), 1)
+    t = time.perf_counter()
+    log.maintain()
+    maintain_s = time.perf_counter() - t
+    warm = median_time(lambda: plan_resume(log, items), 3)
+    # The naive peer: one per-item query and Python fold per item, measured on a sample and scaled.
+    sample = [s.item_id for s in items[: min(300, n)]]
+    t = time.perf_counter()
+    for iid in sample:
+        fold_events(iid, log.events(iid))
+    naive = (time.perf_counter() - t) / len(sample) * n
+    child = subprocess.run(
+        [sys.executable, "-c", _PLAN_CHILD, str(root), str(n)], capture_output=True, text=True, check=True
+    )
+    mem = json.loads(child.stdout.strip().splitlines()[-1])
+    row = {
+        "items": n,
+        "events": events,
+        "build_s": build_s,
+        "prepare_items_s": prepare_s,
+        "light_scan_floor_s": floor,
+        "plan_cold_full_fold_s": cold,
+        "maintain_s": maintain_s,
+        "plan_s": warm,
+        "plan_vs_floor": warm / floor,
+        "cold_plan_vs_floor": cold / floor,
+        "naive_fold_s_scaled": naive,
+        "speedup_vs_naive": naive / warm,
+        "peak_rss_mb_fresh_process": mem["peak_rss_mb"],
+        "rss_before_plan_mb": mem["rss_before_mb"],
+        "plan_s_fresh_process": mem["plan_s"],
+    }
+    print(
+        f"  plan_resume {n} items / {events} events (95% done): {warm:.3f} s with the state projection "
+        f"({cold:.3f} s cold, full fold) | light-column scan floor {floor:.3f} s -> {warm / floor:.2f}x "
+        f"(cold {cold / floor:.2f}x) | naive per-item fold ~{naive:.0f} s -> {naive / warm:.0f}x faster | "
+        f"peak RSS {mem['peak_rss_mb']:.0f} MB (fresh process, {mem['rss_before_mb']:.0f} MB before planning) | "
+        f"preparing the source (fingerprints) {prepare_s:.2f} s",
+        flush=True,
+    )
+    return row
+
+
+# --- 3. point reads --------------------------------------------------------------------------------
+
+
+def bench_reads(tmp: Path, quick: bool) -> dict[str, Any]:
+    from airflow_provider_datagen.core import CheckpointLog
+    from benchmarks.synth import build_log, source_items
+
+    n = 100_000 if quick else 1_000_000
+    log = CheckpointLog.open(tmp / "reads", pipeline="bench", experiment="reads", auto_maintain_fragments=None)
+    items = source_items(n)
+    events = build_log(log, items, 1.0, appends=20)
+    probe = [str(items[i]["id"]) for i in range(0, n, max(1, n // 50))]
+
+    def point() -> float:
+        ts = []
+        for iid in probe:
+            t = time.perf_counter()
+            log.item_state(iid)
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
+
+    def ui_item() -> float:
+        ts = []
+        for iid in probe:
+            t = time.perf_counter()
+            log.subtree(iid)
+            log.failures(iid)
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
+
+    before, ui_before = point(), ui_item()
+    log.maintain()
+    after, ui_after = point(), ui_item()
+
+    small = 2000 if quick else 10_000
+    fresh = CheckpointLog.open(tmp / "fresh", pipeline="bench", experiment="fresh", auto_maintain_fragments=None)
+    frag = CheckpointLog.open(tmp / "frag", pipeline="bench", experiment="frag", auto_maintain_fragments=None)
+    its = source_items(small)
+    w = frag.writer("w", 1)
+    for it in its:
+        with w.batch() as b:
+            b.item_created(str(it["id"]), input_fingerprint="f")
+            b.terminal(str(it["id"]))
+    w2 = fresh.writer("w", 1)
+    with w2.batch() as b:
+        for it in its:
+            b.item_created(str(it["id"]), input_fingerprint="f")
+            b.terminal(str(it["id"]))
+    fresh.maintain()
+    sample = [str(its[i]["id"]) for i in range(0, small, max(1, small // 50))]
+
+    def reads(lg: CheckpointLog) -> float:
+        ts = []
+        for iid in sample:
+            t = time.perf_counter()
+            lg.item_state(iid)
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
+
+    fresh_ms = reads(fresh)
+    frag_ms = reads(frag)
+    frag.maintain()
+    frag_after_ms = reads(frag)
+    row = {
+        "events": events,
+        "item_state_ms_before_maintain": before * 1e3,
+        "item_state_ms_after_maintain": after * 1e3,
+        "ui_item_query_ms_before": ui_before * 1e3,
+        "ui_item_query_ms_after": ui_after * 1e3,
+        "small_commits": small,
+        "item_state_ms_fresh_log": fresh_ms * 1e3,
+        "item_state_ms_after_small_commits": frag_ms * 1e3,
+        "item_state_ms_after_small_commits_and_maintain": frag_after_ms * 1e3,
+        "fragmented_vs_fresh": frag_ms / fresh_ms,
+        "maintained_vs_fresh": frag_after_ms / fresh_ms,
+    }
+    print(
+        f"  item_state at {events} events: {before * 1e3:.1f} ms before maintain(), {after * 1e3:.1f} ms after | "
+        f"UI item query {ui_before * 1e3:.1f} -> {ui_after * 1e3:.1f} ms | after {small} small commits "
+        f"{frag_ms * 1e3:.1f} ms vs fresh {fresh_ms * 1e3:.1f} ms ({frag_ms / fresh_ms:.1f}x), after maintain "
+        f"{frag_after_ms * 1e3:.1f} ms ({frag_after_ms / fresh_ms:.2f}x)",
+        flush=True,
+    )
+    return row
+
+
+# --- 4. Airflow level -------------------------------------------------------------------------------
+
+_AIRFLOW_CHILD = Path(__file__).with_name("airflow_level.py")
+
+
+def bench_airflow(tmp: Path, quick: bool) -> dict[str, Any]:
+    home = tmp / "airflow_home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_"))}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME": "5",
+        }
+    )
+    (home / "dags").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True)
+    n = 200 if quick else 1000
+    out = subprocess.run(
+        [sys.executable, str(_AIRFLOW_CHILD), str(n)], env=env, capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"airflow benchmark failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    print(
+        f"  {n} items: chunked ({row['chunks']} map indexes) {row['chunked_s']:.1f} s vs native mapped "
+        f"({n} task instances) {row['native_s']:.1f} s -> {row['native_s'] / row['chunked_s']:.1f}x | rerun with "
+        f"{row['done_fraction'] * 100:.0f}% done {row['rerun_s']:.1f} s = {row['rerun_s'] / row['first_s'] * 100:.0f}% "
+        "of the first run",
+        flush=True,
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    parser.add_argument("--only", nargs="*", choices=["throughput", "plan", "reads", "airflow"])
+    args = parser.parse_args(argv)
+    sections = args.only or ["throughput", "plan", "reads", "airflow"]
+    tmp = Path(tempfile.mkdtemp(prefix="datagen-bench-"))
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}, "quick": args.quick}
+    if RESULTS.exists():
+        with contextlib.suppress(ValueError):
+            results = {**json.loads(RESULTS.read_text()), **results}
+    try:
+        for name in sections:
+            print(f"== {name}", flush=True)
+            t = time.perf_counter()
+            fn = {"throughput": bench_throughput, "plan": bench_plan, "reads": bench_reads, "airflow": bench_airflow}
+            results[name] = fn[name](tmp, args.quick)
+            print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    results["peak_rss_mb_bench_process"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"results written to {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
