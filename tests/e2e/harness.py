@@ -163,6 +163,18 @@ class AirflowClient:
         }
         return self.post(f"/dags/{dag_id}/clearTaskInstances", json=body)["task_instances"]
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:
+        """The full log of one try of a task instance, one line per structured log event."""
+        body = self.get(
+            f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+            params={"map_index": map_index, "full_content": "true"},
+            headers={"Accept": "application/json"},
+        )
+        lines = []
+        for entry in body.get("content") or []:
+            lines.append(str(entry.get("event", "")) if isinstance(entry, dict) else str(entry))
+        return "\n".join(lines)
+
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
         """The stored XCom value (JSON as the worker wrote it)."""
         entry = self.get(
