@@ -194,9 +194,7 @@ class Batch:
         if step_kind is not None:
             kind = _STEP_KINDS.get(step_kind)
             if kind is None:
-                raise InvalidEventError(
-                    f"unknown step_kind {step_kind!r}; use one of {[k.value for k in StepKind]}"
-                )
+                raise InvalidEventError(f"unknown step_kind {step_kind!r}; use one of {[k.value for k in StepKind]}")
             step_kind = kind
         if iteration is not None or fanout_index is not None:
             for what, val in (("iteration", iteration), ("fanout_index", fanout_index)):
@@ -958,6 +956,16 @@ class CheckpointLog:
         for ev in self._events_from(table):
             grouped.setdefault(ev.item_id, []).append(ev)
         return {iid: fold_events(iid, grouped[iid], self.load_blob) for iid in ids}
+
+    def scan(self, columns: Sequence[str], filter: pc.Expression | None = None) -> pa.Table:
+        """Rows of the log projected to ``columns`` (never ``value_blob``), optionally filtered.
+
+        For readers such as the UI that need a filtered projection the lenses do not offer; the
+        schema version is checked and Lance errors are translated as for every other read.
+        """
+        if "value_blob" in columns:
+            raise InvalidEventError("scan() never reads value_blob; use load_blob(event_id) for blob bytes")
+        return self._scan(columns, filter)
 
     def completed_root_states(self) -> dict[str, ItemState]:
         """Lifecycle folds of every completed root item, from one scan of the non-blob columns."""

@@ -707,12 +707,8 @@ class Reader:
 
 
 def scan_events(lg: CheckpointLog, columns: Iterable[str], flt: pc.Expression) -> pa.Table:
-    """A filtered projection of the raw log.
-
-    ``CheckpointLog`` has no public filtered scan yet, so this goes through its (schema-version
-    checking, error translating) ``_scan``: the one place the UI reaches past the public API.
-    """
-    return lg._scan(list(columns), flt)
+    """A filtered projection of the raw log (schema-version checked, errors translated)."""
+    return lg.scan(list(columns), flt)
 
 
 def summarize_ti_events(pipeline: str, experiment: str, table: pa.Table) -> dict[str, Any]:
