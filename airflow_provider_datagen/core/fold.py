@@ -233,7 +233,10 @@ def fold_events(item_id: str, events: Iterable[Event], loader: Any = None) -> It
 def failure_records(events: Iterable[Event], violations: Iterable[Violation] = ()) -> list[FailureRecord]:
     """The failure lens: FAILED rows (de-duplicated, in sequence order) plus fencing violations."""
     out: list[FailureRecord] = []
-    failed = dedupe(ev for ev in events if ev.event_type is EventType.FAILED).values()
+    violations = list(violations)
+    # A FAILED row the fold refused (stale epoch, lost conflict) is reported once: as the violation.
+    refused = {v.event_id for v in violations}
+    failed = dedupe(ev for ev in events if ev.event_type is EventType.FAILED and ev.event_id not in refused).values()
     for ev in sorted(failed, key=lambda e: (e.item_id, e.item_seq, -e.writer_epoch, e.event_key)):
         out.append(
             FailureRecord(

@@ -995,13 +995,10 @@ class CheckpointLog:
             evs = self.events(item_id)
             return failure_records(evs, fold_events(item_id, evs).violations)
         table = self._scan(NON_BLOB_COLUMNS, pc.field("event_type") == pa.scalar(EventType.FAILED.value))
-        records = failure_records(self._events_from(table))
         states = self.states()
         bad = states.filter(pc.greater(states["violations"], 0))["item_id"].to_pylist()
-        for iid in bad:
-            evs = self.events(iid)
-            records.extend(failure_records([], fold_events(iid, evs).violations))
-        return records
+        violations = [v for iid in bad for v in fold_events(iid, self.events(iid)).violations]
+        return failure_records(self._events_from(table), violations)
 
     def states(self) -> pa.Table:
         """Vectorized fold of every item: one row per item (see ``fold.STATE_SCHEMA``).
