@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.events import BlobRef, StepCoord, encode_value, fingerprint_of
@@ -105,7 +106,7 @@ class ItemContext:
         key: str,
         input_fingerprint: str,
         attempt: int,
-        fields: dict[str, Any],
+        fields: Mapping[str, Any],
         coord: StepCoord,
         modes: dict[str, str],
     ) -> None:
@@ -113,7 +114,9 @@ class ItemContext:
         self.key = key
         self.input_fingerprint = input_fingerprint
         self.attempt = attempt
-        self.fields = fields
+        # A read-only view: a step that assigned into it would change later steps of this run but not
+        # of a resumed one, breaking resumed == uninterrupted. Fields change through set/append only.
+        self.fields: Mapping[str, Any] = MappingProxyType(fields) if isinstance(fields, dict) else fields
         self.step = coord.step
         self.iteration = coord.iteration
         self._coord = coord
