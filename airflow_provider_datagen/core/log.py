@@ -94,12 +94,24 @@ def _local_path(uri: str) -> str:
 
 
 def _being_created(path: str) -> bool:
-    """A local dataset directory whose first commit is in flight: data files but no version yet."""
+    """A local dataset directory whose first commit is in flight: no manifest yet, nothing foreign.
+
+    A creating writer makes the directory, then ``data/``, then ``_transactions/`` and ``_versions/``
+    and renames the first manifest into place last; a reader may list it at any of those moments
+    (an empty directory included) and must see an empty log, not "not a dataset".
+    """
     try:
         entries = set(os.listdir(path))
     except OSError:
         return False
-    return "data" in entries and entries <= {"data", "_transactions"}
+    return entries <= {"data", "_transactions", "_versions"} and not _has_manifest(path)
+
+
+def _has_manifest(path: str) -> bool:
+    try:
+        return any(n.endswith(".manifest") for n in os.listdir(os.path.join(path, "_versions")))
+    except OSError:
+        return False
 
 
 def _sql_free_eq(column: str, value: str) -> pc.Expression:
@@ -672,11 +684,11 @@ class CheckpointLog:
             path = _local_path(self.uri)
             if not os.path.exists(path):
                 return None
-            if not os.path.isdir(os.path.join(path, "_versions")):
-                if _being_created(path):
-                    return None
+            if _being_created(path):
+                return None
+            if not _has_manifest(path):
                 raise NotALogError(
-                    f"{self.uri} exists but is not a Lance dataset (no _versions directory); move it away "
+                    f"{self.uri} exists but is not a Lance dataset (no _versions manifest); move it away "
                     "or choose another experiment name"
                 )
         try:
