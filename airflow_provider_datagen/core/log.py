@@ -448,7 +448,7 @@ class LogWriter:
             eid = event_id_for(
                 p.item_id,
                 seq,
-                et.value,
+                et,  # a str enum: its own value, without the enum property lookup
                 fp,
                 pv if (et is created or et is completed) else None,
                 p.status,
@@ -473,7 +473,7 @@ class LogWriter:
                     root_of(p.item_id),
                     p.parent_item_id or parent_of(p.item_id),
                     seq,
-                    et.value,
+                    et,
                     p.status,
                     c.step_kind,
                     c.step,
