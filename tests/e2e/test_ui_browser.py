@@ -1,0 +1,376 @@
+"""The datagen plugin in the real Airflow UI, driven by headless Chromium (issue 5, "Tests").
+
+The quickstart example DAG runs in the session's Airflow stack over 40 items in chunks of 20. Some
+items fail on their first attempt, so the run fails; the failed ``generate`` map indexes are
+cleared over REST and the run then succeeds. Between and after those runs Debian's ``chromium``
+(driven by Playwright, no browser download) signs in through SimpleAuthManager's login form, opens
+the "Datagen" nav entry (the plugin's index in an iframe), the experiment page, and the "Datagen"
+tab of ``generate [0]``, and the test asserts the counts and item ids the pages show. A fresh
+browser context without the session cookie is refused by the plugin's routes (401).
+
+Screenshots of every step go to the test's ``tmp_path`` (their paths are printed; ``pytest -s``).
+Every Chromium process is recorded by PID and checked to be gone at teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+import psutil
+import pytest
+
+from airflow_provider_datagen.examples import flaky_on_first_attempt, prompts
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from playwright.sync_api import Browser, BrowserContext, FrameLocator, Locator, Page
+
+    from tests.e2e.harness import AirflowClient
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "datagen_ui_browser"
+PIPELINE = "quickstart"  # fixed by the example DAG
+EXPERIMENT = "ui_browser"
+N_ITEMS = 40
+CHUNK = 20
+QUICKSTART = Path(__file__).resolve().parents[2] / "airflow_provider_datagen" / "example_dags" / "datagen_quickstart.py"
+
+# Flags that keep Chromium off the network (only 127.0.0.1 is reachable) and work as root.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# The plugin's external views (airflow_provider_datagen/plugins/datagen.py): both are named
+# "Datagen"; the UI routes them to /plugin/<url_route> (nav) and .../mapped/<i>/plugin/<url_route>
+# (task-instance tab) and renders each as <iframe title="Datagen">.
+VIEW_NAME = "Datagen"
+IFRAME = f"iframe[title='{VIEW_NAME}']"
+UI_TIMEOUT_MS = 20_000
+
+
+def quickstart_dag_source() -> str:
+    """The example DAG with its own dag_id, experiment and sizes (each substitution must apply once)."""
+    source = QUICKSTART.read_text()
+    substitutions = {
+        'dag_id="datagen_quickstart"': f'dag_id="{DAG_ID}"',
+        'os.environ.get("DATAGEN_QUICKSTART_EXPERIMENT", "demo")': repr(EXPERIMENT),
+        'int(os.environ.get("DATAGEN_QUICKSTART_ITEMS", "200"))': str(N_ITEMS),
+        'int(os.environ.get("DATAGEN_QUICKSTART_CHUNK", "50"))': str(CHUNK),
+    }
+    for old, new in substitutions.items():
+        assert source.count(old) == 1, f"{QUICKSTART.name} changed: {old!r} is not there exactly once"
+        source = source.replace(old, new)
+    return source
+
+
+def chromium_path() -> str | None:
+    return os.environ.get("DATAGEN_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _chromium_pids() -> set[int]:
+    pids = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "chrom" in child.name().lower():
+                pids.add(child.pid)
+    return pids
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium through Playwright; every Chromium PID it ever had is gone afterwards."""
+    executable = chromium_path()
+    if executable is None:
+        pytest.skip("Debian's chromium is not installed (`make chromium`)")
+    from playwright.sync_api import sync_playwright
+
+    before = _chromium_pids()
+    seen: set[int] = set()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        seen |= _chromium_pids() - before
+        try:
+            yield browser
+        finally:
+            seen |= _chromium_pids() - before  # renderers started since launch
+            browser.close()
+    # Playwright has closed the browser and stopped its driver; anything left is killed by PID.
+    deadline = time.monotonic() + 10
+    alive = {pid for pid in seen if psutil.pid_exists(pid)}
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = {pid for pid in alive if _alive(pid)}
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive, f"Chromium processes {sorted(alive)} outlived the browser and were SIGKILLed"
+    print(f"\nbrowser: all {len(seen)} Chromium processes seen ({sorted(seen)}) have exited")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class Shots:
+    """Numbered screenshots under the test's tmp dir."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.paths: list[Path] = []
+
+    def take(self, page: Page, name: str) -> Path:
+        path = self.directory / f"{len(self.paths) + 1:02d}-{name}.png"
+        page.screenshot(path=str(path))
+        self.paths.append(path)
+        print(f"screenshot: {path}")
+        return path
+
+
+def new_context(browser: Browser, base_url: str) -> tuple[BrowserContext, list[str], list[str]]:
+    """A browser context that can reach only the api-server; returns it with two recorders.
+
+    The first list collects requests to anywhere else (they are aborted), the second any response
+    of the plugin's routes with an error status.
+    """
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    offsite: list[str] = []
+    plugin_errors: list[str] = []
+
+    def guard(route):  # type: ignore[no-untyped-def]
+        url = route.request.url
+        if url.startswith((base_url + "/", "data:", "blob:")):
+            route.continue_()
+        else:
+            offsite.append(url)
+            route.abort()
+
+    context.route("**/*", guard)
+
+    def on_response(response):  # type: ignore[no-untyped-def]
+        if response.url.startswith(base_url + "/datagen/") and response.status >= 400:
+            plugin_errors.append(f"{response.status} {response.url}")
+
+    context.on("response", on_response)
+    return context, offsite, plugin_errors
+
+
+def log_in(page: Page, client: AirflowClient, shots: Shots) -> None:
+    """SimpleAuthManager's login form: the UI redirects to /auth/login?next=/ when signed out."""
+    page.goto(client.base_url + "/")
+    page.wait_for_url(re.compile(r"/auth/login"))
+    username = page.locator("input[name='username']")
+    username.wait_for()
+    shots.take(page, "login-form")
+    username.fill(client.username)
+    page.locator("input[name='password']").fill(client.password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(client.base_url + "/")
+    page.get_by_test_id("nav-sidebar").wait_for()
+    cookies = {c["name"]: c for c in page.context.cookies()}
+    assert "_token" in cookies, f"no session cookie after signing in: {sorted(cookies)}"
+
+
+def open_nav_view(page: Page) -> FrameLocator:
+    """Click the plugin's top-level nav entry; return the iframe once the index has rendered."""
+    page.get_by_test_id("nav-sidebar").get_by_role("link", name=VIEW_NAME, exact=True).click()
+    page.wait_for_url(re.compile(r"/plugin/datagen$"))
+    frame = page.frame_locator(IFRAME)
+    frame.locator("h1", has_text="Datagen experiments").wait_for()
+    return frame
+
+
+def table_rows(table: Locator) -> list[dict[str, str]]:
+    """A rendered HTML table as {header: cell text} dicts."""
+    headers = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+    rows = []
+    for row in table.locator("tbody tr").all():
+        cells = [c.strip() for c in row.locator("td").all_inner_texts()]
+        rows.append(dict(zip(headers, cells, strict=False)))
+    return rows
+
+
+def experiment_row(frame: FrameLocator) -> dict[str, str]:
+    rows = [r for r in table_rows(frame.locator("table")) if r.get("Experiment") == EXPERIMENT]
+    assert len(rows) == 1, f"experiment {EXPERIMENT} not listed once on the index: {rows}"
+    return rows[0]
+
+
+def cards(frame: FrameLocator) -> dict[str, int]:
+    """The experiment page's count cards ({label: number})."""
+    out = {}
+    for card in frame.locator(".cards .card").all():
+        out[card.locator(".muted").inner_text().strip()] = int(card.locator("b").inner_text().replace(",", ""))
+    return out
+
+
+def test_nav_view_experiment_page_and_task_instance_tab(
+    airflow_stack: AirflowClient, browser: Browser, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    client = airflow_stack
+    shots = Shots(tmp_path)
+    flaky = {p["id"] for p in prompts(N_ITEMS) if flaky_on_first_attempt(p["id"])}
+    assert flaky, "the example's fake model no longer fails any of the first items; pick a larger N_ITEMS"
+
+    # -- the quickstart run: fails on the flaky items --------------------------------------------------
+    client.add_dag_file(quickstart_dag_source(), f"{DAG_ID}.py")
+    client.wait_dag_parsed(DAG_ID, timeout=120)
+    client.unpause(DAG_ID)
+    run_id = client.trigger(DAG_ID)
+    assert client.wait_run(DAG_ID, run_id, timeout=180) == "failed"
+    chunks = [entry["chunk"]["item_ids"] for entry in client.xcom(DAG_ID, run_id, "plan")]
+    assert [len(c) for c in chunks] == [CHUNK] * (N_ITEMS // CHUNK)
+    failed = sorted(
+        t["map_index"]
+        for t in client.task_instances(DAG_ID, run_id)
+        if t["task_id"] == "generate" and t["state"] == "failed"
+    )
+    assert failed == [i for i, ids in enumerate(chunks) if flaky & set(ids)]
+
+    context, offsite, plugin_errors = new_context(browser, client.base_url)
+    page = context.new_page()
+    log_in(page, client, shots)
+    shots.take(page, "home-signed-in")
+
+    frame = open_nav_view(page)
+    row = experiment_row(frame)
+    shots.take(page, "nav-index-after-failed-run")
+    # A failed item is still "running" in its lifecycle (it has failures and no terminal event), so
+    # Failed counts a subset of Running.
+    assert (row["Pipeline"], row["Items"], row["Completed"], row["Failed"], row["Running"], row["Done"]) == (
+        PIPELINE,
+        str(N_ITEMS),
+        str(N_ITEMS - len(flaky)),
+        str(len(flaky)),
+        str(len(flaky)),
+        f"{100.0 * (N_ITEMS - len(flaky)) / N_ITEMS:.1f}%",
+    ), row
+
+    # -- clear the failed map indexes: only the flaky items run again, the run succeeds ---------------
+    cleared = client.clear(DAG_ID, run_id, [("generate", i) for i in failed], include_downstream=True)
+    assert {(t["task_id"], t["map_index"]) for t in cleared} >= {("generate", i) for i in failed}
+    assert client.wait_run(DAG_ID, run_id, timeout=180) == "success"
+
+    # The nav view again, reloaded: everything completed, nothing failed now.
+    page.reload()
+    frame = page.frame_locator(IFRAME)
+    frame.locator("h1", has_text="Datagen experiments").wait_for()
+    row = experiment_row(frame)
+    shots.take(page, "nav-index-after-rerun")
+    assert (row["Items"], row["Completed"], row["Failed"], row["Running"], row["Done"]) == (
+        str(N_ITEMS),
+        str(N_ITEMS),
+        "0",
+        "0",
+        "100.0%",
+    ), row
+
+    # -- the experiment page, by its link inside the iframe -----------------------------------------------
+    frame.get_by_role("link", name=EXPERIMENT, exact=True).click()
+    frame.locator("h1", has_text=f"{PIPELINE} / {EXPERIMENT}").wait_for()
+    # The UI mirrors the iframe's path into its own URL (a deep link to this page).
+    page.wait_for_url(re.compile(rf"/plugin/datagen/datagen/experiments/{PIPELINE}/{EXPERIMENT}$"))
+    shots.take(page, "experiment-page")
+    counts = cards(frame)
+    assert counts["items"] == N_ITEMS, counts
+    assert counts["completed"] == N_ITEMS, counts
+    assert counts["failed items"] == 0, counts
+    assert counts["running"] == 0 and counts["never started"] == 0, counts
+    # The failures of the first attempts stay on record, one row per flaky item.
+    failures = table_rows(frame.locator("h2:has-text('Failures') + table"))
+    assert sorted(f["Item"] for f in failures) == sorted(flaky), failures
+    assert all(f["Try"] == "1" and "TransientModelError" in f["Error"] for f in failures), failures
+    assert frame.locator(".pager").first.inner_text().strip() == f"1–{N_ITEMS} of {N_ITEMS}"
+    items = table_rows(frame.locator(".pager + table"))
+    assert [i["Item"] for i in items] == [p["id"] for p in prompts(N_ITEMS)]
+    assert {i["Status"] for i in items} == {"completed"}
+
+    # A reload of that deep link lands on the same page inside the iframe.
+    page.reload()
+    page.frame_locator(IFRAME).locator("h1", has_text=f"{PIPELINE} / {EXPERIMENT}").wait_for()
+
+    # -- the task instance generate [0] and its "Datagen" tab -----------------------------------------------
+    ti_url = f"{client.base_url}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}/tasks/generate/mapped/0"
+    page.goto(ti_url)
+    tab = page.locator(f"a[title='{VIEW_NAME}']")
+    tab.wait_for()
+    assert (tab.get_attribute("href") or "").endswith("/tasks/generate/mapped/0/plugin/datagen-ti")
+    shots.take(page, "task-instance-generate-0")
+    tab.click()
+    page.wait_for_url(re.compile(r"/tasks/generate/mapped/0/plugin/datagen-ti$"))
+    frame = page.frame_locator(IFRAME)
+    frame.locator("h1", has_text="generate [0]").wait_for()
+    shots.take(page, "task-instance-datagen-tab")
+    chunk = chunks[0]
+    summary = frame.locator("h2:has-text('Experiment') + p").inner_text()
+    assert summary.startswith(f"{len(chunk)} items · "), summary
+    assert summary.endswith("tries 1, 2"), summary
+    assert f"run {run_id}" in frame.locator("h1 + p").inner_text()
+    ti_rows = table_rows(frame.locator("h2:has-text('Experiment') + p + table"))
+    assert [r["Item"] for r in ti_rows] == chunk
+    assert {r["Now"] for r in ti_rows} == {"completed"}
+    for r in ti_rows:
+        if r["Item"] in flaky:
+            # Failed on try 1, completed on try 2 (the clear reran only these).
+            assert "TransientModelError" in r["Try 1"] and "completed" in r["Try 2"], r
+        else:
+            assert "completed" in r["Try 1"] and r["Try 2"] == "", r
+
+    # A rerun item's row, then its item page (the link navigates inside the tab's iframe).
+    rerun_item = min(flaky & set(chunk))
+    link = frame.get_by_role("link", name=rerun_item, exact=True)
+    link.scroll_into_view_if_needed()
+    shots.take(page, f"task-instance-datagen-tab-{rerun_item}")
+    link.click()
+    frame.locator("h1", has_text=rerun_item).wait_for()
+    assert "TransientModelError" in frame.locator("body").inner_text()
+    shots.take(page, f"item-page-{rerun_item}")
+
+    # The plugin's page straight from the api-server, with the session cookie: allowed.
+    response = page.goto(f"{client.base_url}/datagen/")
+    assert response is not None and response.status == 200
+    shots.take(page, "plugin-index-direct")
+
+    assert not plugin_errors, f"plugin routes answered with errors while browsing: {plugin_errors}"
+    if offsite:
+        print(f"aborted off-site requests: {offsite}")
+    context.close()
+    print(f"ui browser test: {time.monotonic() - started:.1f} s, screenshots in {tmp_path}")
+
+
+def test_plugin_pages_without_session_are_refused(
+    airflow_stack: AirflowClient, browser: Browser, tmp_path: Path
+) -> None:
+    """No ``_token`` cookie and no bearer token: the plugin app answers 401, not a page."""
+    client = airflow_stack
+    shots = Shots(tmp_path)
+    context, _, _ = new_context(browser, client.base_url)
+    page = context.new_page()
+    assert not context.cookies()
+    for path in ("/datagen/", f"/datagen/experiments/{PIPELINE}/{EXPERIMENT}", "/datagen/ti/d/r/t/0"):
+        response = page.goto(client.base_url + path)
+        assert response is not None
+        assert response.status == 401, (path, response.status, response.text()[:500])
+        assert response.json() == {"detail": "Not authenticated"}
+    shots.take(page, "plugin-without-session-401")
+    context.close()
