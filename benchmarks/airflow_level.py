@@ -60,7 +60,7 @@ def run(dag_file: Path, dag_id: str) -> float:
 def main() -> None:
     n = int(sys.argv[1])
     dags = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    os.environ.setdefault("DATAGEN_FAKE_LATENCY", "0.005")
+    os.environ.setdefault("DATAGEN_FAKE_LATENCY", "0.05")  # a fast model call
     (dags / "bench_chunked.py").write_text(CHUNKED.format(n=n, chunk=max(1, n // 10)))
     (dags / "bench_native.py").write_text(NATIVE.format(n=n))
     first = run(dags / "bench_chunked.py", "bench_chunked")
