@@ -57,113 +57,82 @@ def _noop(item: dict[str, Any], ctx: Any) -> None:
 # --- 1. checkpoint throughput ---------------------------------------------------------------------
 
 
-def _marker_rows(n: int) -> list[tuple[str, int, str, str]]:
-    rows = []
-    for i in range(n):
-        iid = f"item-{i:07d}"
-        rows += [(iid, 0, "ITEM_CREATED", "fp"), (iid, 1, "STEP_COMPLETED", "fp"), (iid, 2, "TERMINAL", "fp")]
-    return rows
+def _markers(commits: list[pa.Table]) -> list[list[tuple[str, int, str, str]]]:
+    """Per commit, the marker rows a sidecar manifest would hold for the same events."""
+    cols = ("item_id", "item_seq", "event_type", "input_fingerprint")
+    return [list(zip(*(t[c].to_pylist() for c in cols))) for t in commits]
 
 
-def _groups(n: int, group: int) -> list[tuple[int, int]]:
-    return [(s, min(s + group, n)) for s in range(0, n, group)]
-
-
-def _pull_and_ack(n: int, group: int, pull: int) -> list[tuple[str, int, int]]:
-    """The commit pattern of run_items: a pull commit per ``pull`` items, an ack commit per ``group``."""
-    out: list[tuple[str, int, int]] = []
-    for ps, pe in _groups(n, pull):
-        out.append(("pull", ps, pe))
-        out.extend(("ack", s, e) for s, e in _groups(pe - ps, group) for s, e in [(ps + s, ps + e)])
-    return out
-
-
-def _select(rows: list[tuple[str, int, str, str]], kind: str, s: int, e: int) -> list[tuple[str, int, str, str]]:
-    """The marker rows of items s..e: ITEM_CREATED for a pull, STEP_COMPLETED + TERMINAL for an ack."""
-    lo, hi = (0, 1) if kind == "pull" else (1, 3)
-    return [r for i in range(s, e) for r in rows[3 * i + lo : 3 * i + hi]]
-
-
-def sqlite_sidecar(tmp: Path, n: int, group: int, pull: int) -> None:
+def sqlite_sidecar(tmp: Path, batches: list[list[tuple[str, int, str, str]]]) -> None:
+    """The same markers in a SQLite manifest: WAL, synchronous=FULL, one transaction per commit."""
     db = sqlite3.connect(tmp / f"manifest-{time.monotonic_ns()}.db", isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")
     db.execute("CREATE TABLE markers (item_id TEXT, seq INTEGER, type TEXT, fp TEXT, PRIMARY KEY (item_id, seq))")
-    rows = _marker_rows(n)
-    for kind, s, e in _pull_and_ack(n, group, pull):
-        batch = [
-            r for i in range(s, e) for r in (rows[3 * i : 3 * i + 1] if kind == "pull" else rows[3 * i + 1 : 3 * i + 3])
-        ]
+    for batch in batches:
         db.execute("BEGIN")
         db.executemany("INSERT INTO markers VALUES (?, ?, ?, ?)", batch)
         db.execute("COMMIT")
     db.close()
 
 
-def jsonl_sidecar(tmp: Path, n: int, group: int, pull: int) -> None:
-    rows = _marker_rows(n)
+def jsonl_sidecar(tmp: Path, batches: list[list[tuple[str, int, str, str]]]) -> None:
+    """The same markers appended to a JSONL manifest, fsync per commit."""
     with open(tmp / f"manifest-{time.monotonic_ns()}.jsonl", "a", encoding="utf-8") as fh:
-        for kind, s, e in _pull_and_ack(n, group, pull):
-            sel = [
-                r
-                for i in range(s, e)
-                for r in (rows[3 * i : 3 * i + 1] if kind == "pull" else rows[3 * i + 1 : 3 * i + 3])
-            ]
-            fh.write("".join(json.dumps({"item_id": a, "seq": b, "type": c, "fp": d}) + "\n" for a, b, c, d in sel))
+        for batch in batches:
+            fh.write("".join(json.dumps({"item_id": a, "seq": b, "type": c, "fp": d}) + "\n" for a, b, c, d in batch))
             fh.flush()
             os.fsync(fh.fileno())
 
 
-def raw_lance(tmp: Path, n: int, group: int, pull: int, template: Any) -> None:
-    """The floor: the very rows run_items wrote, appended with the same commit pattern, no Python per row."""
+def raw_lance(tmp: Path, commits: list[pa.Table]) -> None:
+    """The floor: the very rows run_items wrote, in the very same commits, with the same fsyncs."""
     import lance
-    import pyarrow.compute as pc
 
     from airflow_provider_datagen.core.schema import EVENT_SCHEMA
 
-    types = ("ITEM_CREATED", "STEP_COMPLETED", "TERMINAL")
-    by_type = {t: template.filter(pc.equal(template["event_type"], t)) for t in types}
     uri = str(tmp / f"raw-{time.monotonic_ns()}.lance")
     ds = None
-    for kind, s, e in _pull_and_ack(n, group, pull):
-        if kind == "pull":
-            table = by_type["ITEM_CREATED"].slice(s, e - s)
-        else:
-            table = pa.concat_tables([by_type["STEP_COMPLETED"].slice(s, e - s), by_type["TERMINAL"].slice(s, e - s)])
+    max_frag = -1
+    for table in commits:
         if ds is None:
             ds = lance.write_dataset(table, uri, schema=EVENT_SCHEMA, enable_stable_row_ids=True)
         else:
             ds = lance.write_dataset(table, ds, mode="append")
-        # The same durability as the log's: fsync data, manifest and directories.
-        _fsync_tree_new(uri)
-
-
-_SYNCED: set[str] = set()
-
-
-def _fsync_tree_new(uri: str) -> None:
-    for sub in ("data", "_versions"):
-        d = os.path.join(uri, sub)
-        for name in os.listdir(d):
-            p = os.path.join(d, name)
-            if p in _SYNCED or name.endswith(".json"):
-                continue
-            fd = os.open(p, os.O_RDONLY)
+        paths = []
+        for frag in ds.get_fragments():
+            if frag.fragment_id > max_frag:
+                paths += [os.path.join(uri, "data", f.path) for f in frag.data_files()]
+                max_frag = frag.fragment_id
+        paths += [os.path.join(uri, "_versions", f"{(1 << 64) - 1 - ds.version}.manifest")]
+        paths += [os.path.join(uri, "data"), os.path.join(uri, "_versions")]
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
-            _SYNCED.add(p)
-        fd = os.open(d, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+
+
+def _commits_of(log: Any) -> list[pa.Table]:
+    """The rows of each commit of a log, in commit order (grouped by ``_row_created_at_version``)."""
+    import pyarrow.compute as pc
+
+    from airflow_provider_datagen.core.schema import EVENT_SCHEMA, NON_BLOB_COLUMNS
+
+    ds = log._dataset()
+    light = ds.to_table(columns=[*NON_BLOB_COLUMNS, "_row_created_at_version"])
+    light = light.append_column(EVENT_SCHEMA.field("value_blob"), pa.nulls(light.num_rows, pa.large_binary()))
+    versions = light["_row_created_at_version"]
+    table = light.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA)
+    out = []
+    for v in sorted(set(versions.to_pylist())):
+        out.append(table.filter(pc.equal(versions, v)))
+    return out
 
 
 def _throughput_case(tmp: Path, ce: int | None, n: int, repeats: int) -> dict[str, Any]:
     from airflow_provider_datagen.core import CheckpointLog, run_items
-    from airflow_provider_datagen.core.runner import DEFAULT_GROUP_ITEMS, MIN_PULL
 
     items = [{"id": f"item-{i:07d}", "v": i} for i in range(n)]
-    group = ce or DEFAULT_GROUP_ITEMS
-    pull = max(group, MIN_PULL)
     logs: list[Any] = []
 
     def ours() -> None:
@@ -172,18 +141,15 @@ def _throughput_case(tmp: Path, ce: int | None, n: int, repeats: int) -> dict[st
         logs.append(log)
 
     t_ours = median_time(ours, repeats)
-    from airflow_provider_datagen.core.schema import EVENT_SCHEMA, NON_BLOB_COLUMNS
-
-    light = logs[-1]._dataset().to_table(columns=list(NON_BLOB_COLUMNS))
-    light = light.append_column(EVENT_SCHEMA.field("value_blob"), pa.nulls(light.num_rows, pa.large_binary()))
-    template = light.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA)
-    template = template.sort_by([("item_id", "ascending"), ("item_seq", "ascending")])
-    t_sqlite = median_time(lambda: sqlite_sidecar(tmp, n, group, pull), repeats)
-    t_jsonl = median_time(lambda: jsonl_sidecar(tmp, n, group, pull), repeats)
-    t_raw = median_time(lambda: raw_lance(tmp, n, group, pull, template), repeats)
+    commits = _commits_of(logs[-1])
+    batches = _markers(commits)
+    t_sqlite = median_time(lambda: sqlite_sidecar(tmp, batches), repeats)
+    t_jsonl = median_time(lambda: jsonl_sidecar(tmp, batches), repeats)
+    t_raw = median_time(lambda: raw_lance(tmp, commits), repeats)
     return {
         "checkpoint_every": "default" if ce is None else ce,
         "items": n,
+        "commits": len(commits),
         "ours_items_per_s": n / t_ours,
         "sqlite_items_per_s": n / t_sqlite,
         "jsonl_items_per_s": n / t_jsonl,
@@ -214,18 +180,27 @@ def bench_throughput(tmp: Path, quick: bool) -> list[dict[str, Any]]:
 # --- 2. resume planning -----------------------------------------------------------------------------
 
 _PLAN_CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 from airflow_provider_datagen.core import CheckpointLog, plan_resume, prepare_items
 from benchmarks.synth import source_items
+
+def status(key):
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+
 root, n = sys.argv[1], int(sys.argv[2])
 items = prepare_items(source_items(n))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = status("VmRSS")
+# Reset the peak-RSS mark (Linux clear_refs 5) so VmHWM measures planning alone, not the source set-up.
+with open("/proc/self/clear_refs", "w") as fh:
+    fh.write("5")
 log = CheckpointLog.open(root, pipeline="bench", experiment="plan")
 t = time.perf_counter()
 plan = plan_resume(log, items)
 dt = time.perf_counter() - t
-print(json.dumps({"plan_s": dt, "rss_before_mb": before / 1024,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"plan_s": dt, "rss_before_mb": before, "peak_rss_mb": status("VmHWM"),
                   "skip": len(plan.skip), "pending": len(plan.pending)}))
 """
 
@@ -284,7 +259,8 @@ def bench_plan(tmp: Path, quick: bool) -> dict[str, Any]:
         f"  plan_resume {n} items / {events} events (95% done): {warm:.3f} s with the state projection "
         f"({cold:.3f} s cold, full fold) | light-column scan floor {floor:.3f} s -> {warm / floor:.2f}x "
         f"(cold {cold / floor:.2f}x) | naive per-item fold ~{naive:.0f} s -> {naive / warm:.0f}x faster | "
-        f"peak RSS {mem['peak_rss_mb']:.0f} MB (fresh process, {mem['rss_before_mb']:.0f} MB before planning) | "
+        f"peak RSS while planning {mem['peak_rss_mb']:.0f} MB (fresh process; {mem['rss_before_mb']:.0f} MB of it is "
+        f"the 1M prepared source items) | "
         f"preparing the source (fingerprints) {prepare_s:.2f} s",
         flush=True,
     )
