@@ -34,13 +34,19 @@ RESULT_SCHEMA = pa.schema(
 Results = Mapping[str, str]
 
 
-def _materialize(value: Any) -> Any:
+def _materialize_one(value: Any) -> Any:
     if isinstance(value, BlobRef):
         loaded = value.load()
         return {"$bytes_sha256": value.digest, "size": value.size} if isinstance(loaded, bytes) else loaded
-    if isinstance(value, list):
-        return [_materialize(v) for v in value]
     return value
+
+
+def _materialize(value: Any) -> Any:
+    # A folded field is a value or (FIELD_APPEND) a list of values; blob refs sit at one of those two
+    # levels only, so never recurse into the values themselves: they may nest as deep as JSON allows.
+    if isinstance(value, list):
+        return [_materialize_one(v) for v in value]
+    return _materialize_one(value)
 
 
 def collect_results(log: CheckpointLog) -> dict[str, str]:

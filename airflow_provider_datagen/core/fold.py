@@ -137,7 +137,13 @@ def dedupe(events: Iterable[Event]) -> dict[str, Event]:
 
 def _winners(events: Iterable[Event]) -> tuple[list[Event], list[Violation], int, int]:
     """De-duplicate, resolve conflicts per sequence and apply epoch fencing; returns applied events."""
+    events = list(events)
     by_id = dedupe(events)
+    # The first (lowest) epoch that wrote each event: an identical copy written later by a newer epoch
+    # (a re-pull on a stale plan, a redone tail) claims nothing, so it never raises the fence.
+    first_epoch: dict[str, int] = {}
+    for ev in events:
+        first_epoch[ev.event_id] = min(first_epoch.get(ev.event_id, ev.writer_epoch), ev.writer_epoch)
     ordered = sorted(by_id.values(), key=lambda e: (e.item_seq, -e.writer_epoch, e.event_key))
     applied: list[Event] = []
     violations: list[Violation] = []
@@ -169,7 +175,7 @@ def _winners(events: Iterable[Event]) -> tuple[list[Event], list[Violation], int
                 )
             )
         if not stale:
-            fence = max(fence, winner.writer_epoch)
+            fence = max(fence, first_epoch[winner.event_id])
             applied.append(winner)
         i = j
     return applied, violations, last_seq, max_epoch
@@ -366,9 +372,14 @@ def fold_table(events: pa.Table) -> pa.Table:
         same = np.zeros(n, dtype=bool)
         same[1:] = (k1[o1][1:] == k1[o1][:-1]) & (ekey[o1][1:] == ekey[o1][:-1])
         keep = o1[~same]
+        # copies sort by falling epoch, so each copy group's minimum is its first writer's epoch
+        first = np.minimum.reduceat(epoch[o1], np.flatnonzero(~same))
         o2 = np.lexsort((ekey[keep], -epoch[keep], k1[keep]))
         order = keep[o2]
+        s_first = first[o2]
         sk = k1[order]
+    else:
+        s_first = epoch[order]
     m = len(order)
     s_code = code[order]
     s_epoch = epoch[order]
@@ -390,7 +401,9 @@ def fold_table(events: pa.Table) -> pa.Table:
     w = np.flatnonzero(first_in_seq)
     w_code = s_code[w]
     w_epoch = s_epoch[w]
-    fence = np.maximum.accumulate((w_code << 32) | w_epoch) & 0xFFFFFFFF
+    # an event raises the fence only to its first writer's epoch (copies claim nothing); a winner is valid
+    # when its newest copy reaches the running fence (first <= newest, so the inclusive max works)
+    fence = np.maximum.accumulate((w_code << 32) | s_first[w]) & 0xFFFFFFFF
     valid = w[w_epoch >= fence]
     valid_per_item = np.bincount(np.searchsorted(seg, valid, side="right") - 1, minlength=len(seg))
     violations = distinct_rows - valid_per_item

@@ -104,7 +104,20 @@ def _being_created(path: str) -> bool:
         entries = set(os.listdir(path))
     except OSError:
         return False
-    return entries <= {"data", "_transactions", "_versions"} and not _has_manifest(path)
+    if not entries <= {"data", "_transactions", "_versions"} or _has_manifest(path):
+        return False
+    return not _later_commit_records(path)
+
+
+def _later_commit_records(path: str) -> list[str]:
+    """Transaction records of commits after the first: Lance names them ``<read_version>-<uuid>.txn``
+    (a creation reads version 0; a record being written starts with a dot). Any of them in a directory
+    without a manifest means the version history was deleted or not copied: never an empty log."""
+    try:
+        names = os.listdir(os.path.join(path, "_transactions"))
+    except OSError:
+        return []
+    return [n for n in names if not n.startswith(("0-", "."))]
 
 
 def _has_manifest(path: str) -> bool:
@@ -112,6 +125,19 @@ def _has_manifest(path: str) -> bool:
         return any(n.endswith(".manifest") for n in os.listdir(os.path.join(path, "_versions")))
     except OSError:
         return False
+
+
+#: Object-store answers that mean "wrong bucket, endpoint or credentials", not a damaged log. (A LIST of
+#: an existing bucket never answers 404; a GET of a deleted fragment does, and that is damage.)
+_STORE_ACCESS_ERRORS = (
+    "nosuchbucket",
+    "403 forbidden",
+    "accessdenied",
+    "invalidaccesskeyid",
+    "signaturedoesnotmatch",
+    "error sending request",
+    "connection refused",
+)
 
 
 def _sql_free_eq(column: str, value: str) -> pc.Expression:
@@ -667,16 +693,26 @@ class CheckpointLog:
                 f"{action} on {self.uri} failed: no space left on device. The batch was not acknowledged; "
                 "free space and rerun: the next run redoes exactly the unacknowledged work."
             )
+        listing_404 = "list request" in low and "404" in low
+        if not _is_local(self.uri) and (listing_404 or any(s in low for s in _STORE_ACCESS_ERRORS)):
+            bucket = self.uri.split("://", 1)[1].split("/", 1)[0]
+            return LogWriteError(
+                f"{action} on {self.uri} failed: the object store refused the request or has no bucket "
+                f"{bucket!r} ({msg[:200]}). Check the connection's root (bucket and prefix) and its "
+                "storage_options (endpoint, region, credentials); nothing was written."
+            )
+        advice = (
+            "Nothing was changed. Restore the dataset directory from a backup or check out an earlier "
+            "version (lance restore); run maintain() after restoring."
+        )
         if "not found" in low or "no such file" in low or "corrupt" in low or "invalid" in low:
             return LogCorruptedError(
-                f"{action} on {self.uri} failed: a file of the dataset is missing or damaged ({msg[:300]}). "
-                "Nothing was changed. Restore the dataset directory from a backup or check out an earlier "
-                "version (lance restore); run maintain() after restoring."
+                f"{action} on {self.uri} failed: a file of the dataset is missing or damaged ({msg[:300]}). {advice}"
             )
         return (
             LogWriteError(f"{action} on {self.uri} failed: {msg[:500]}")
             if isinstance(exc, OSError)
-            else LogCorruptedError(f"{action} on {self.uri} failed: {msg[:500]}")
+            else LogCorruptedError(f"{action} on {self.uri} failed: the dataset is damaged ({msg[:400]}). {advice}")
         )
 
     def _open_dataset(self) -> lance.LanceDataset | None:
@@ -686,6 +722,12 @@ class CheckpointLog:
                 return None
             if _being_created(path):
                 return None
+            if not _has_manifest(path) and _later_commit_records(path):
+                raise LogCorruptedError(
+                    f"{self.uri} holds data files and records of {len(_later_commit_records(path))} commits but no "
+                    "_versions manifest: its version history was deleted or not copied. Nothing was changed. "
+                    "Restore the dataset directory (with _versions) from a backup; run maintain() after restoring."
+                )
             if not _has_manifest(path):
                 raise NotALogError(
                     f"{self.uri} exists but is not a Lance dataset (no _versions manifest); move it away "
@@ -952,9 +994,14 @@ class CheckpointLog:
             self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
         )
 
+    def _copies(self, item_id: str) -> list[Event]:
+        """Every stored row of one item, duplicates included: which epochs wrote a copy matters to fencing."""
+        _check_item_id(item_id)
+        return self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id)))
+
     def item_state(self, item_id: str) -> ItemState:
         """The lifecycle fold of one item (fields hold :class:`BlobRef` for blob-stored values)."""
-        return fold_events(item_id, self.events(item_id), self.load_blob)
+        return fold_events(item_id, self._copies(item_id), self.load_blob)
 
     def item_states(self, item_ids: Iterable[str]) -> dict[str, ItemState]:
         """Lifecycle folds of many items with one query."""
@@ -1004,12 +1051,12 @@ class CheckpointLog:
     def failures(self, item_id: str | None = None) -> list[FailureRecord]:
         """The failure lens: FAILED rows and fencing violations, of one item or of the whole log."""
         if item_id is not None:
-            evs = self.events(item_id)
+            evs = self._copies(item_id)
             return failure_records(evs, fold_events(item_id, evs).violations)
         table = self._scan(NON_BLOB_COLUMNS, pc.field("event_type") == pa.scalar(EventType.FAILED.value))
         states = self.states()
         bad = states.filter(pc.greater(states["violations"], 0))["item_id"].to_pylist()
-        violations = [v for iid in bad for v in fold_events(iid, self.events(iid)).violations]
+        violations = [v for iid in bad for v in fold_events(iid, self._copies(iid)).violations]
         return failure_records(self._events_from(table), violations)
 
     def states(self) -> pa.Table:

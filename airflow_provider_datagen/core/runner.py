@@ -220,13 +220,10 @@ def _loaded(fields: Mapping[str, Any]) -> dict[str, Any]:
     """Folded fields with blob-stored values read back: a replay must see what the first run saw."""
 
     def load(v: Any) -> Any:
-        if isinstance(v, BlobRef):
-            return v.load()
-        if isinstance(v, list):
-            return [load(x) for x in v]
-        return v
+        return v.load() if isinstance(v, BlobRef) else v
 
-    return {k: load(v) for k, v in fields.items()}
+    # one level only (an appended field is a list of values): values may nest as deep as JSON allows
+    return {k: [load(x) for x in v] if isinstance(v, list) else load(v) for k, v in fields.items()}
 
 
 def _step_names(step: Step) -> set[str]:
@@ -713,6 +710,11 @@ def run_items(
         # 1. The inbox: items created and never acknowledged, resumed from their coordinates.
         for chunk in _chunks(plan.replay, _STATE_CHUNK):
             for iid, st in log.item_states(chunk).items():
+                if st.is_done and st.input_fingerprint == by_id[iid].fingerprint:
+                    # another writer acknowledged it after our plan: acknowledged work is never redone
+                    report.skipped.append(iid)
+                    tick()
+                    continue
                 writer.prime(
                     iid, last_seq=st.last_seq, input_fingerprint=st.input_fingerprint, field_modes=st.field_modes
                 )
