@@ -994,6 +994,11 @@ class CheckpointLog:
             self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
         )
 
+    def subtree_copies(self, root_id: str) -> list[Event]:
+        """Every stored row of a root item and its children, duplicates included (for folding)."""
+        _check_item_id(root_id)
+        return self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
+
     def _copies(self, item_id: str) -> list[Event]:
         """Every stored row of one item, duplicates included: which epochs wrote a copy matters to fencing."""
         _check_item_id(item_id)

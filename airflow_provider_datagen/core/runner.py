@@ -368,7 +368,7 @@ class _Runner:
         self.maybe_flush(boundary=True)
 
     def _children_states(self, root_id: str) -> dict[str, ItemState]:
-        events = self.log.subtree(root_id)
+        events = self.log.subtree_copies(root_id)  # fencing needs every copy's epoch
         by_item: dict[str, list[Any]] = {}
         for ev in events:
             if ev.item_id != root_id:
