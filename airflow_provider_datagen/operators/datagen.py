@@ -264,7 +264,7 @@ class DatagenMapOperator(_DatagenBase):
     :param process: ``"package.module:function"``, a callable ``fn(item, ctx) -> dict | None`` or a
         step pipeline (``Sequence``, ``Loop``, ``MapReduce``, ...).
     :param processor_version: version of ``process``; must match the plan's.
-    :param checkpoint_every: items per acknowledgement commit; ``None`` is group commit (every 512
+    :param checkpoint_every: items per acknowledgement commit; ``None`` is group commit (every 4096
         items or ``checkpoint_interval`` seconds, whichever first).
     :param checkpoint_interval: the time bound of group commit, in seconds.
     :param chunk: a chunk descriptor from the plan (set by ``expand_kwargs``).
