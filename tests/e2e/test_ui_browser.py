@@ -97,7 +97,7 @@ def browser() -> Iterator[Browser]:
     """Debian's Chromium through Playwright; every Chromium PID it ever had is gone afterwards."""
     executable = chromium_path()
     if executable is None:
-        pytest.skip("Debian's chromium is not installed (`make chromium`)")
+        pytest.fail("Debian's chromium is not installed: run `make chromium` (make test does it first)")
     from playwright.sync_api import sync_playwright
 
     before = _chromium_pids()
