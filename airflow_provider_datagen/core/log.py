@@ -787,19 +787,9 @@ class CheckpointLog:
 
     def _scan(self, columns: Sequence[str], filter: pc.Expression | None = None) -> pa.Table:
         ds = self._dataset()
-        cols = list(dict.fromkeys([*columns, "schema_version"]))
         if ds is None:
-            return EVENT_SCHEMA.empty_table().select(cols)
-        try:
-            table = ds.to_table(columns=cols, filter=filter)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise self._translate(exc, "reading the log") from None
-        if table.num_rows:
-            vmax = pc.max(table["schema_version"]).as_py()
-            vmin = pc.min(table["schema_version"]).as_py()
-            for v in {vmax, vmin}:
-                self._check_version(int(v))
-        return table
+            return EVENT_SCHEMA.empty_table().select(list(dict.fromkeys([*columns, "schema_version"])))
+        return self._scan_ds(ds, columns, filter)
 
     def _append(self, table: pa.Table) -> None:
         # No refresh before appending: Lance rebases an append onto whatever version is latest at
@@ -984,15 +974,11 @@ class CheckpointLog:
 
     def events(self, item_id: str) -> list[Event]:
         """Every event of one item, ordered by ``item_seq``, de-duplicated by ``event_id``."""
-        _check_item_id(item_id)
-        return self._dedupe_sorted(self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id))))
+        return self._dedupe_sorted(self._copies(item_id))
 
     def subtree(self, root_id: str) -> list[Event]:
         """Every event of a root item and its fan-out children (one filter on ``root_item_id``)."""
-        _check_item_id(root_id)
-        return self._dedupe_sorted(
-            self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
-        )
+        return self._dedupe_sorted(self.subtree_copies(root_id))
 
     def subtree_copies(self, root_id: str) -> list[Event]:
         """Every stored row of a root item and its children, duplicates included (for folding)."""
