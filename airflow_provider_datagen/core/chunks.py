@@ -14,6 +14,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from airflow_provider_datagen.core.ids import key_of
 from airflow_provider_datagen.core.planner import ResumePlan, classify, status_of
 from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items
@@ -129,6 +132,10 @@ def chunk_items(
         from airflow_provider_datagen.core.log import read_lance_table
 
         table = read_lance_table(str(chunk["source"]), storage_options)
+        # The snapshot holds the whole planned source; decode and fingerprint only this chunk's rows
+        # (the planner validated the rest), so N chunks cost one source's worth of work, not N.
+        if table.num_rows > len(ids) and all(isinstance(i, str) for i in ids):
+            table = table.filter(pc.is_in(table["item_id"], value_set=pa.array(ids, pa.string())))
         items = prepare_items((json.loads(t) for t in table["item"].to_pylist()), key_field)
     else:
         items = load_source(chunk["source"], key_field)
