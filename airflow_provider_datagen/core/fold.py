@@ -313,11 +313,6 @@ STATE_SCHEMA = pa.schema(
     ]
 )
 
-_TYPE_CODES = {t.value: i for i, t in enumerate(EventType)}
-_CREATED = _TYPE_CODES[EventType.ITEM_CREATED.value]
-_TERMINAL = _TYPE_CODES[EventType.TERMINAL.value]
-_FAILED = _TYPE_CODES[EventType.FAILED.value]
-
 
 def state_row(st: ItemState) -> dict[str, Any]:
     """The per-item summary row of :data:`STATE_SCHEMA` for a reference-folded state."""
@@ -334,12 +329,44 @@ def state_row(st: ItemState) -> dict[str, Any]:
     }
 
 
-def _type_codes(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    enc = pc.dictionary_encode(col)
-    if isinstance(enc, pa.ChunkedArray):
-        enc = enc.combine_chunks()
-    lookup = np.array([_TYPE_CODES.get(v, -1) for v in enc.dictionary.to_pylist()], dtype=np.int8)
-    return lookup[enc.indices.to_numpy(zero_copy_only=False)] if len(lookup) else np.zeros(0, np.int8)
+def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A light integer column as int64 (one copy at most: ``astype`` would copy an int64 column again)."""
+    return np.asarray(col.to_numpy(), dtype=np.int64)
+
+
+def item_codes(item_ids: pa.ChunkedArray | pa.Array, ids: pa.Array | None) -> tuple[np.ndarray, pa.Array]:
+    """An integer code per row for its item id, and the id of each code.
+
+    Hashing 5M id strings was the fold's largest single cost (about a quarter of it). The log is
+    written a commit at a time and an ack commit carries each item's events side by side, so ids come
+    in runs: one vectorized comparison with the previous row finds the runs, and only run heads are
+    hashed. With ``ids`` (unique ids, e.g. a source's), code ``i < len(ids)`` means ``ids[i]``: the
+    fold's rows then line up with the source, and the planner's own id lookup disappears. Ids not in
+    ``ids`` get codes from ``len(ids)`` on.
+    """
+    arr = item_ids.combine_chunks() if isinstance(item_ids, pa.ChunkedArray) else item_ids
+    n = len(arr)
+    change = np.ones(n, dtype=bool)
+    if n > 1:
+        same = pc.equal(arr.slice(1), arr.slice(0, n - 1)).fill_null(False)
+        change[1:] = ~np.asarray(same.to_numpy(zero_copy_only=False), dtype=bool)
+    heads = np.flatnonzero(change)
+    head_ids = arr if len(heads) == n else arr.take(pa.array(heads))
+    if ids is None:
+        enc = pc.dictionary_encode(head_ids)
+        head_codes = _ints(enc.indices)
+        dictionary = enc.dictionary
+    else:
+        head_codes = _ints(pc.index_in(head_ids, value_set=ids).fill_null(-1))
+        miss = head_codes < 0
+        dictionary = ids
+        if miss.any():
+            enc = pc.dictionary_encode(head_ids.filter(pa.array(miss)))
+            head_codes[miss] = len(ids) + _ints(enc.indices)
+            dictionary = pa.concat_arrays([ids.cast(pa.string()), enc.dictionary.cast(pa.string())])
+    if len(heads) == n:
+        return head_codes, dictionary
+    return np.repeat(head_codes, np.diff(np.append(heads, n))), dictionary
 
 
 def fold_table(events: pa.Table) -> pa.Table:
@@ -349,25 +376,57 @@ def fold_table(events: pa.Table) -> pa.Table:
     ``processor_version``, ``writer_epoch`` and ``event_key``; never the blob column. The common case
     (no duplicate sequences) costs one integer argsort; duplicates and conflicts take a lexsort.
     """
+    return _fold(events, None)[0]
+
+
+def fold_aligned(
+    events: pa.Table, ids: pa.Array, *, codes: tuple[np.ndarray, pa.Array] | None = None
+) -> tuple[pa.Table, np.ndarray]:
+    """:func:`fold_table`, plus for each of ``ids`` (unique) its row in the result, or -1 without events.
+
+    The planner's form: it folds and matches the source's ids in one hashing pass. ``codes`` is
+    ``item_codes(events["item_id"], ids)`` when the caller computed it already (while scanning).
+    """
+    table, codes_of_rows = _fold(events, ids, codes)
+    return table, _index_of(codes_of_rows, len(ids))
+
+
+def _index_of(codes: np.ndarray, n: int) -> np.ndarray:
+    index = np.full(n, -1, dtype=np.int64)
+    mine = codes < n
+    index[codes[mine]] = np.flatnonzero(mine)
+    return index
+
+
+def _fold(
+    events: pa.Table, ids: pa.Array | None, codes: tuple[np.ndarray, pa.Array] | None = None
+) -> tuple[pa.Table, np.ndarray]:
+    """The vectorized fold; returns the state table and each state row's item code."""
     n = events.num_rows
     if n == 0:
-        return STATE_SCHEMA.empty_table()
-    ids_enc = pc.dictionary_encode(events["item_id"]).combine_chunks()
-    dictionary = ids_enc.dictionary
-    code = ids_enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    seq = events["item_seq"].to_numpy().astype(np.int64)
-    epoch = events["writer_epoch"].to_numpy().astype(np.int64)
-    ekey = events["event_key"].to_numpy().astype(np.int64)
-    etype = _type_codes(events["event_type"])
+        return STATE_SCHEMA.empty_table(), np.zeros(0, np.int64)
+    code, dictionary = item_codes(events["item_id"], ids) if codes is None else codes
+    seq = _ints(events["item_seq"])
+    epoch = _ints(events["writer_epoch"])
+    # Three masks, not a code per row: only these types steer the fold (string equality over the
+    # column costs half a dictionary encoding).
+    etype = events["event_type"]
+    is_created, is_terminal, is_failed = (
+        np.asarray(pc.equal(etype, t.value).fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+        for t in (EventType.ITEM_CREATED, EventType.TERMINAL, EventType.FAILED)
+    )
+    del etype
     if seq.min(initial=0) < 0 or seq.max(initial=0) > _MAX_31 or epoch.max(initial=0) > _MAX_31:
         raise ValueError("item_seq and writer_epoch must be within [0, 2**31)")
 
     k1 = (code << 32) | seq
+    del code
     order = np.argsort(k1, kind="stable")
     sk = k1[order]
     if n > 1 and bool(np.any(sk[1:] == sk[:-1])):
         # Rare path (retried batches, zombies, concurrent owners): drop exact duplicates keeping the
         # highest epoch, then order each sequence by (-epoch, event_key) so its first row wins.
+        ekey = _ints(events["event_key"])
         o1 = np.lexsort((-epoch, ekey, k1))
         same = np.zeros(n, dtype=bool)
         same[1:] = (k1[o1][1:] == k1[o1][:-1]) & (ekey[o1][1:] == ekey[o1][:-1])
@@ -379,10 +438,13 @@ def fold_table(events: pa.Table) -> pa.Table:
         s_first = first[o2]
         sk = k1[order]
     else:
-        s_first = epoch[order]
+        s_first = None
+    del k1
     m = len(order)
-    s_code = code[order]
+    s_code = sk >> 32
     s_epoch = epoch[order]
+    if s_first is None:
+        s_first = s_epoch
     first_in_seq = np.ones(m, dtype=bool)
     first_in_seq[1:] = sk[1:] != sk[:-1]
 
@@ -390,65 +452,84 @@ def fold_table(events: pa.Table) -> pa.Table:
     item_start = np.ones(m, dtype=bool)
     item_start[1:] = s_code[1:] != s_code[:-1]
     seg = np.flatnonzero(item_start)
-    item_codes = s_code[seg]
-    # last_seq / max_epoch count every distinct row, including losers and stale ones.
-    last_seq = np.maximum.reduceat(seq[order], seg)
+    codes_of_items = s_code[seg]
+    # last_seq / max_epoch count every distinct row, including losers and stale ones (an item's
+    # code fills the high bits of its keys, so their maximum carries its highest sequence).
+    last_seq = np.maximum.reduceat(sk, seg) & 0xFFFFFFFF
+    del sk
     max_epoch = np.maximum.reduceat(s_epoch, seg)
-    distinct_rows = np.add.reduceat(np.ones(m, dtype=np.int64), seg)
+    distinct_rows = np.diff(np.append(seg, m))
 
     # Fencing: the running max epoch per item over sequence order (code in the high bits keeps items
     # apart); a winner below it is stale.
     w = np.flatnonzero(first_in_seq)
-    w_code = s_code[w]
-    w_epoch = s_epoch[w]
     # an event raises the fence only to its first writer's epoch (copies claim nothing); a winner is valid
     # when its newest copy reaches the running fence (first <= newest, so the inclusive max works)
-    fence = np.maximum.accumulate((w_code << 32) | s_first[w]) & 0xFFFFFFFF
-    valid = w[w_epoch >= fence]
-    valid_per_item = np.bincount(np.searchsorted(seg, valid, side="right") - 1, minlength=len(seg))
-    violations = distinct_rows - valid_per_item
+    if s_first is s_epoch and len(w) == m and bool(np.all((s_epoch[1:] >= s_epoch[:-1]) | item_start[1:])):
+        # No copies and no epoch ever falls within an item (the usual log): nothing can be stale.
+        valid = w
+    else:
+        w_code = s_code[w]
+        fence = np.maximum.accumulate((w_code << 32) | s_first[w]) & 0xFFFFFFFF
+        valid = w[s_epoch[w] >= fence]
+    if len(valid) == m:
+        violations = np.zeros(len(seg), dtype=np.int64)
+    else:
+        is_valid = np.zeros(m, dtype=np.int64)
+        is_valid[valid] = 1
+        violations = distinct_rows - np.add.reduceat(is_valid, seg)
 
-    rows = order[valid]
-    v_code = code[rows]
-    v_type = etype[rows]
+    if len(valid) == m:
+        rows = order  # every row applies (the usual log): no 5M-row gathers
+    else:
+        rows = order[valid]
+        seg = np.searchsorted(valid, seg)  # each item's first row among the valid ones
+    del order, s_code, s_epoch, s_first, first_in_seq
+    n_items = len(seg)
     nv = len(rows)
-    pos = np.arange(nv, dtype=np.int64)
-    v_start = np.ones(nv, dtype=bool)
-    v_start[1:] = v_code[1:] != v_code[:-1]
-    vseg = np.flatnonzero(v_start)
-    seg_of = np.cumsum(v_start) - 1
-    # The current generation starts at the item's last ITEM_CREATED.
-    created_ff = np.maximum.accumulate(np.where(v_type == _CREATED, pos, -1))
-    last_created = np.maximum.reduceat(created_ff, vseg) if nv else np.zeros(0, np.int64)
-    has_created = last_created >= vseg
-    in_gen = has_created[seg_of] & (pos >= last_created[seg_of])
+
+    # The generation logic runs over the sparse rows that matter (ITEM_CREATED, TERMINAL, FAILED: a
+    # fraction of the log) instead of five full-length passes. Positions index the applied rows in
+    # (item, sequence) order; an item's rows are seg[i] .. seg[i + 1] - 1.
+    def where(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        at = np.flatnonzero(mask[rows])
+        return at, np.searchsorted(seg, at, side="right") - 1
+
+    # The current generation starts at the item's last ITEM_CREATED; it ends at its first TERMINAL.
+    c_at, c_item = where(is_created)
+    last = np.append(c_item[1:] != c_item[:-1], True) if len(c_item) else np.zeros(0, dtype=bool)
+    last_created = np.full(n_items, -1, dtype=np.int64)
+    last_created[c_item[last]] = c_at[last]
+    has_created = last_created >= 0
     big = np.int64(nv + 1)
-    term_pos = np.where(in_gen & (v_type == _TERMINAL), pos, big)
-    first_term = np.minimum.reduceat(term_pos, vseg)
-    before_term = pos < first_term[seg_of]
-    failures = np.add.reduceat((in_gen & before_term & (v_type == _FAILED)).astype(np.int64), vseg)
+    t_at, t_item = where(is_terminal)
+    keep = t_at > last_created[t_item]
+    t_at, t_item = t_at[keep], t_item[keep]
+    first = np.insert(t_item[1:] != t_item[:-1], 0, True) if len(t_item) else np.zeros(0, dtype=bool)
+    first_term = np.full(n_items, big, dtype=np.int64)
+    first_term[t_item[first]] = t_at[first]
+    f_at, f_item = where(is_failed)
+    counted = (f_at > last_created[f_item]) & (f_at < first_term[f_item])
+    failures = np.bincount(f_item[counted], minlength=n_items).astype(np.int64)
+    del c_at, c_item, t_at, t_item, f_at, f_item
 
-    n_items = len(vseg)
-    status = np.full(n_items, ItemStatus.NEVER_STARTED.value, dtype=object)
-    status[has_created] = ItemStatus.RUNNING.value
     terminated = has_created & (first_term < big)
-    stored_status = events["status"]
-    if terminated.any():
-        term_rows = rows[first_term[terminated]]
-        status[terminated] = pc.take(stored_status, pa.array(term_rows)).to_numpy(zero_copy_only=False)
+    # The stored status of each item's first TERMINAL; the others are running or never started.
+    status = pc.coalesce(
+        _gather(events["status"], rows[np.where(terminated, first_term, 0)], terminated),
+        pc.if_else(pa.array(has_created), ItemStatus.RUNNING.value, ItemStatus.NEVER_STARTED.value).cast(pa.string()),
+    )
 
+    # A null index takes a null: items without ITEM_CREATED get no fingerprint in the same pass.
     created_rows = rows[np.where(has_created, last_created, 0)]
-    take_idx = pa.array(created_rows)
-    mask = pa.array(~has_created)
-    fp = pc.if_else(mask, pa.scalar(None, pa.string()), pc.take(events["input_fingerprint"], take_idx))
-    pv = pc.if_else(mask, pa.scalar(None, pa.string()), pc.take(events["processor_version"], take_idx))
+    fp = _gather(events["input_fingerprint"], created_rows, has_created)
+    pv = _gather(events["processor_version"], created_rows, has_created)
     cseq = pa.array(np.where(has_created, seq[created_rows], 0), mask=~has_created)
 
-    assert np.array_equal(v_code[vseg], item_codes)
-    return pa.table(
+    table = pa.table(
         {
-            "item_id": pc.take(dictionary, pa.array(item_codes)),
-            "status": pa.array(status, pa.string()),
+            "item_id": pc.take(dictionary, pa.array(codes_of_items)),
+            "status": status,
             "input_fingerprint": fp,
             "processor_version": pv,
             "created_seq": cseq,
@@ -459,3 +540,36 @@ def fold_table(events: pa.Table) -> pa.Table:
         },
         schema=STATE_SCHEMA,
     )
+    return table, codes_of_items
+
+
+def _gather(col: pa.ChunkedArray | pa.Array, at: np.ndarray, present: np.ndarray) -> pa.Array:
+    """``col[at]`` where ``present``, null elsewhere, from a scanned (many-chunk) column.
+
+    ``pc.take`` on a chunked array concatenates the chunks first: 176 MB of fingerprints copied (and
+    page-faulted in) to pick 1M of them, the fold's largest cost after the id hashing. Instead the
+    positions are visited in ascending order, chunk by chunk, and the result put back in order.
+    """
+    if isinstance(col, pa.Array) or col.num_chunks == 1:
+        flat = col if isinstance(col, pa.Array) else col.chunk(0)
+        return pc.take(flat, pa.array(at, mask=~present))
+    want = at[present]
+    perm = None
+    if len(want) > 1 and not bool(np.all(want[1:] >= want[:-1])):
+        perm = np.argsort(want, kind="stable")
+        want = want[perm]
+    bounds = np.cumsum([0, *(len(c) for c in col.chunks)])
+    cuts = np.searchsorted(want, bounds)
+    parts = [
+        pc.take(chunk, pa.array(want[cuts[k] : cuts[k + 1]] - bounds[k]))
+        for k, chunk in enumerate(col.chunks)
+        if cuts[k + 1] > cuts[k]
+    ]
+    out = pa.concat_arrays(parts) if parts else pa.array([], col.type)
+    if perm is not None:
+        back = np.empty_like(perm)
+        back[perm] = np.arange(len(perm))
+        out = pc.take(out, pa.array(back))
+    if bool(present.all()):
+        return out
+    return pc.take(out, pa.array(np.cumsum(present) - 1, mask=~present))

@@ -11,6 +11,7 @@ live in a blob-encoded ``value_blob`` column, located by ``event_id`` and fetche
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime as dt
 import fcntl
@@ -42,8 +43,10 @@ from airflow_provider_datagen.core.fold import (
     ItemState,
     dedupe,
     failure_records,
+    fold_aligned,
     fold_events,
     fold_table,
+    item_codes,
 )
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, check_name, parent_of, root_of
 from airflow_provider_datagen.core.schema import (
@@ -1058,23 +1061,59 @@ class CheckpointLog:
         their events; every other row is exact as stored. Without a usable projection it folds the
         light columns of the whole log.
         """
+        return self._states(None)[0]
+
+    def states_for(self, ids: pa.Array) -> tuple[pa.Table, np.ndarray]:
+        """:meth:`states`, and for each of ``ids`` (unique) its row there, or -1 when it has no events.
+
+        The planner's read. Without a usable projection the fold matches ``ids`` while it encodes
+        the log's item ids (``fold.fold_aligned``): one hashing pass over the ids instead of two.
+        """
+        table, index = self._states(ids)
+        if index is None:
+            index = _rows_of(table, ids)
+        return table, index
+
+    def _states(self, ids: pa.Array | None) -> tuple[pa.Table, np.ndarray | None]:
         ds = self._dataset()
         if ds is None:
-            return STATE_SCHEMA.empty_table()
+            return STATE_SCHEMA.empty_table(), None
         proj = self._read_projection(int(ds.version))
         if proj is not None:
             table, pversion = proj
             if pversion == ds.version:
-                return table
+                return table, None
             delta = self._scan_ds(ds, ["item_id"], f"_row_created_at_version > {pversion}")
             touched = pc.unique(delta["item_id"])
             if len(touched) == 0:
-                return table
+                return table, None
             if len(touched) <= max(1000, table.num_rows // 4):
                 events = self._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(touched))
                 kept = table.filter(pc.invert(pc.is_in(table["item_id"], value_set=touched)))
-                return pa.concat_tables([kept, fold_table(events)])
-        return fold_table(self._scan_ds(ds, LIGHT_COLUMNS, None))
+                return pa.concat_tables([kept, fold_table(events)]), None
+        if ids is None:
+            return fold_table(self._scan_ds(ds, LIGHT_COLUMNS, None)), None
+        return self._fold_for(ds, ids)
+
+    def _fold_for(self, ds: lance.LanceDataset, ids: pa.Array) -> tuple[pa.Table, np.ndarray]:
+        """Fold the whole log for the planner, matching item ids to ``ids`` while the rest is read.
+
+        Hashing the ids is a third of the fold and needs only the ``item_id`` column; the scan keeps
+        about one core busy and both release the GIL, so the hashing runs beside the scan of the other
+        light columns. Both scans read one pinned version (``_dataset()`` may move ``ds`` meanwhile).
+        """
+        try:
+            pinned = ds.checkout_version(int(ds.version))
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise self._translate(exc, "reading the log") from None
+        id_col = self._scan_ds(pinned, ["item_id"], None)["item_id"]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            coding = pool.submit(item_codes, id_col, ids)
+            rest = self._scan_ds(pinned, [c for c in LIGHT_COLUMNS if c != "item_id"], None)
+            codes = coding.result()
+        if rest.num_rows != len(id_col):  # cannot happen at one version; never fold misaligned rows
+            return fold_aligned(self._scan_ds(pinned, LIGHT_COLUMNS, None), ids)
+        return fold_aligned(rest.append_column("item_id", id_col), ids, codes=codes)
 
     def _scan_ds(self, ds: lance.LanceDataset, columns: Sequence[str], filter: Any) -> pa.Table:
         cols = list(dict.fromkeys([*columns, "schema_version"]))
@@ -1292,6 +1331,14 @@ DatagenErrorTypes = (
 )
 
 __all__ = ["Batch", "CheckpointLog", "LogWriter"]
+
+
+def _rows_of(states: pa.Table, ids: pa.Array) -> np.ndarray:
+    """For each of ``ids``, its row in ``states`` (-1 when absent)."""
+    if states.num_rows == 0:
+        return np.full(len(ids), -1, dtype=np.int64)
+    found = pc.index_in(ids, value_set=states["item_id"]).fill_null(-1)
+    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def read_lance_table(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table:

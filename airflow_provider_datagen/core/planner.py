@@ -61,49 +61,99 @@ class ResumePlan:
         }
 
 
+#: Source items whose fingerprints are compared per round: bounds the transient string arrays.
+_FP_CHUNK = 1 << 16
+
+_CLS_FRESH, _CLS_INVALIDATED, _CLS_SKIP, _CLS_DEMOTED, _CLS_REPLAY = range(5)
+
+
+def _bools(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _ints(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def classify(
-    source: list[SourceItem], states: pa.Table, processor_version: str | None, log_version: int = 0
+    source: list[SourceItem],
+    states: pa.Table,
+    processor_version: str | None,
+    log_version: int = 0,
+    *,
+    index: np.ndarray | None = None,
 ) -> ResumePlan:
-    """Classify prepared source items against a vectorized state table (pure; no I/O)."""
+    """Classify prepared source items against a vectorized state table (pure; no I/O).
+
+    ``index`` (each item's row in ``states``, -1 for none), when the caller has it, saves looking
+    every id up again.
+    """
+    return _classify(source, [s.item_id for s in source], states, processor_version, log_version, index)
+
+
+def _classify(
+    source: list[SourceItem],
+    ids: list[str],
+    states: pa.Table,
+    processor_version: str | None,
+    log_version: int,
+    index: np.ndarray | None,
+) -> ResumePlan:
+    # Memory matters as much as time here (1M items must plan in well under 1 GiB with the source
+    # itself): per-state predicates are computed once as numpy bools and gathered by index, so no row
+    # of the state table is copied; fingerprints, the only wide comparison, are built and compared a
+    # chunk at a time; and the lists handed back reuse the source's own id strings.
     plan = ResumePlan(log_version=log_version)
-    if not source:
+    n = len(source)
+    if not n:
         return plan
-    ids = [s.item_id for s in source]
-    n = len(ids)
     if states.num_rows == 0:
-        plan.fresh = ids
+        plan.fresh = list(ids)
         return plan
-    id_array = pa.array(ids, pa.string())
-    idx = pc.index_in(id_array, value_set=states["item_id"])
-    found = idx.is_valid().to_numpy(zero_copy_only=False)
-    sub = states.take(idx.fill_null(0))
-    # Comparisons run in Arrow's kernels: no per-item Python work on the 1M-item path.
-    fps = pa.array([s.fingerprint for s in source], pa.string())
-    status = sub["status"]
-    started = found & pc.not_equal(status, ItemStatus.NEVER_STARTED.value).to_numpy(zero_copy_only=False)
-    same_fp = started & pc.equal(sub["input_fingerprint"], fps).fill_null(False).to_numpy(zero_copy_only=False)
-    running = pc.equal(status, ItemStatus.RUNNING.value).to_numpy(zero_copy_only=False)
-    last_seq = sub["last_seq"].to_numpy(zero_copy_only=False)
-    cls = np.full(n, 0, dtype=np.int8)  # 0 fresh
-    cls[started & ~same_fp] = 1  # invalidated
-    cls[same_fp & ~running] = 2  # skip
+    if index is None:
+        idx = pc.index_in(pa.array(ids, pa.string()), value_set=states["item_id"])
+        index = np.asarray(idx.fill_null(-1).to_numpy(zero_copy_only=False))
+        del idx
+    found = index >= 0
+    pick = np.where(found, index, 0).astype(np.int32 if states.num_rows < (1 << 31) else np.int64)
+    del index
+    status = states["status"]
+    # Per state row (one per item of the log), then gathered by source position.
+    started = found & _bools(pc.not_equal(status, ItemStatus.NEVER_STARTED.value))[pick]
+    running = _bools(pc.equal(status, ItemStatus.RUNNING.value))[pick]
+    same_fp = np.zeros(n, dtype=bool)
+    state_fps = states["input_fingerprint"]
+    for lo in range(0, n, _FP_CHUNK):
+        rows = np.flatnonzero(started[lo : lo + _FP_CHUNK]) + lo
+        if not len(rows):
+            continue
+        mine = pa.array([source[i].fingerprint for i in rows.tolist()], pa.string())
+        theirs = pc.take(state_fps, pa.array(pick[rows]))
+        same_fp[rows] = _bools(pc.equal(theirs, mine))
+    cls = np.full(n, _CLS_FRESH, dtype=np.int8)
+    cls[started & ~same_fp] = _CLS_INVALIDATED
+    cls[same_fp & ~running] = _CLS_SKIP
+    inbox = same_fp & running
+    del started, running, same_fp
     if processor_version is None:
-        cls[same_fp & running] = 4
+        cls[inbox] = _CLS_REPLAY
     else:
-        same_pv = pc.equal(sub["processor_version"], processor_version).fill_null(False)
-        same_pv_np = same_pv.to_numpy(zero_copy_only=False)
-        cls[same_fp & running & ~same_pv_np] = 3  # demoted
-        cls[same_fp & running & same_pv_np] = 4  # replay
-    failed = (sub["failures"].to_numpy(zero_copy_only=False) > 0) & (cls == 4)
+        same_pv = _bools(pc.equal(states["processor_version"], processor_version))[pick]
+        cls[inbox & ~same_pv] = _CLS_DEMOTED
+        cls[inbox & same_pv] = _CLS_REPLAY
     id_arr = np.array(ids, dtype=object)
-    plan.fresh = id_arr[cls == 0].tolist()
-    plan.invalidated = id_arr[cls == 1].tolist()
-    plan.skip = id_arr[cls == 2].tolist()
-    plan.demoted = id_arr[cls == 3].tolist()
-    plan.replay = id_arr[cls == 4].tolist()
-    plan.failed = id_arr[failed].tolist()
-    has_seq = found & (cls != 2)
-    plan.last_seq = dict(zip(id_arr[has_seq].tolist(), last_seq[has_seq].tolist()))
+    plan.fresh = id_arr[cls == _CLS_FRESH].tolist()
+    plan.invalidated = id_arr[cls == _CLS_INVALIDATED].tolist()
+    plan.skip = id_arr[cls == _CLS_SKIP].tolist()
+    plan.demoted = id_arr[cls == _CLS_DEMOTED].tolist()
+    replay = np.flatnonzero(cls == _CLS_REPLAY)
+    plan.replay = id_arr[replay].tolist()
+    # failures and last_seq are read for the few items that need them, not gathered for all
+    failures = _ints(pc.take(states["failures"], pa.array(pick[replay])))
+    plan.failed = id_arr[replay[failures > 0]].tolist()
+    has_seq = np.flatnonzero(found & (cls != _CLS_SKIP))
+    last_seq = pc.take(states["last_seq"], pa.array(pick[has_seq])).to_pylist()
+    plan.last_seq = dict(zip(id_arr[has_seq].tolist(), last_seq))
     return plan
 
 
@@ -117,9 +167,11 @@ def plan_resume(
 ) -> ResumePlan:
     """Fold the log once (vectorized) and classify every source item."""
     source = as_source(items, key_field)
+    ids = [s.item_id for s in source]
+    index = None
     if states is None:
-        states = log.states()
-    return classify(source, states, processor_version, log.version)
+        states, index = log.states_for(pa.array(ids, pa.string()))
+    return _classify(source, ids, states, processor_version, log.version, index)
 
 
 def as_source(items: Iterable[Any], key_field: str) -> list[SourceItem]:

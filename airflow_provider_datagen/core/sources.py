@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -21,15 +20,61 @@ from airflow_provider_datagen.core.ids import root_item_id
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 
-@dataclass(frozen=True, slots=True)
 class SourceItem:
-    """One validated source item."""
+    """One validated source item: its id, key, input fingerprint and position in the source.
+
+    The item's dict is held as given, not copied: a 1M-item source would otherwise keep a second
+    million dicts alive through planning (about 190 MB). :attr:`data` hands out a fresh shallow copy
+    on each read instead, so a processing function that edits its input never touches the caller's
+    dicts, as before; only the items a run actually processes pay for a copy.
+    """
+
+    __slots__ = ("_data", "fingerprint", "item_id", "key", "position")
 
     item_id: str
     key: str
-    data: dict[str, Any]
     fingerprint: str
     position: int
+    _data: Mapping[str, Any]
+
+    def __init__(self, item_id: str, key: str, data: Mapping[str, Any], fingerprint: str, position: int) -> None:
+        setter = object.__setattr__
+        setter(self, "item_id", item_id)
+        setter(self, "key", key)
+        setter(self, "_data", data)
+        setter(self, "fingerprint", fingerprint)
+        setter(self, "position", position)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """A shallow copy of the item's dict (the fingerprint was taken of this content)."""
+        return dict(self._data)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"SourceItem is immutable; cannot set {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle and copy rebuild through __init__ (slot-by-slot restore would hit __setattr__)
+        return (SourceItem, (self.item_id, self.key, self._data, self.fingerprint, self.position))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SourceItem):
+            return NotImplemented
+        return (self.item_id, self.key, self.fingerprint, self.position, dict(self._data)) == (
+            other.item_id,
+            other.key,
+            other.fingerprint,
+            other.position,
+            dict(other._data),
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # equal by content, like the dataclass it replaced
+
+    def __repr__(self) -> str:
+        return (
+            f"SourceItem(item_id={self.item_id!r}, key={self.key!r}, data={dict(self._data)!r}, "
+            f"fingerprint={self.fingerprint!r}, position={self.position!r})"
+        )
 
 
 def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceItem]:
@@ -57,20 +102,25 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
             iid = root_item_id(key)
         except InvalidItemError as exc:
             raise InvalidItemError(f"item #{pos}: {exc}") from None
+        # one str object for id and key when they are equal (no reserved characters): an int key
+        # would otherwise be formatted twice, a second string per item
+        text = key if isinstance(key, str) else str(key)
+        key_s = iid if text == iid else text
         if iid in seen:
             raise InvalidItemError(
                 f"duplicate key {str(key)[:200]!r} (items #{seen[iid]} and #{pos}); keys must be unique "
                 "in one source: de-duplicate the source or choose another key_field"
             )
         seen[iid] = pos
-        data = dict(item)
+        # a dict is kept as given (see SourceItem); other mappings become one, as JSON needs
+        data = item if isinstance(item, dict) else dict(item)
         try:
             fp = fingerprint_of(data)
         except InvalidItemError:
             raise
         except Exception as exc:
             raise InvalidItemError(f"item {iid!r}: {exc}") from None
-        out.append(SourceItem(iid, str(key), data, fp, pos))
+        out.append(SourceItem(iid, key_s, data, fp, pos))
     return out
 
 

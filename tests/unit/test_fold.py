@@ -32,6 +32,7 @@ from airflow_provider_datagen.core.fold import (
     VIOLATION_CONFLICT,
     VIOLATION_STALE_EPOCH,
     failure_records,
+    fold_aligned,
     state_row,
 )
 from airflow_provider_datagen.core.ids import parent_of, root_of
@@ -592,6 +593,30 @@ def test_vectorized_fold_equals_reference_fold_on_plausible_trajectories(
     events = [e for evs in per_item for e in evs]
     rnd.shuffle(events)
     assert vector_rows(events, 3) == reference_rows(events)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(
+    logs(),
+    st.lists(st.sampled_from([*ITEMS, "z", "b/s:1"]), unique=True),
+    st.booleans(),
+    st.integers(1, 3),
+)
+def test_aligned_fold_equals_reference_fold_and_indexes_the_given_ids(
+    batches: list[list[Event]], ids: list[str], by_item: bool, chunks: int
+) -> None:
+    """The planner's fold: same rows as the reference, and each given id's row (or -1 with no events)."""
+    events = flat(batches)
+    if by_item:  # long runs of one item, as an ack commit writes them: the run-head path of the encoder
+        events = sorted(events, key=lambda e: e.item_id)
+    table, index = fold_aligned(to_table(events, chunks), pa.array(ids, pa.string()))
+    assert sorted(table.to_pylist(), key=lambda r: r["item_id"]) == reference_rows(events)
+    present = {e.item_id for e in events}
+    assert len(index) == len(ids)
+    for iid, row in zip(ids, index.tolist()):
+        assert (row >= 0) == (iid in present)
+        if row >= 0:
+            assert table["item_id"][row].as_py() == iid
 
 
 @settings(max_examples=60, deadline=None)

@@ -446,6 +446,36 @@ def test_duplicate_keys_name_both_positions_and_other_sources_still_run(log: Any
     assert report.processed == ["a", "b"]
 
 
+def test_prepared_items_share_the_source_dicts_and_hand_out_copies(log: Any) -> None:
+    """No second dict per item (planning 1M items must fit in memory), yet a process that edits its
+    input never edits the caller's source; an int key's id and key are one string."""
+    import copy
+    import pickle
+
+    from airflow_provider_datagen.core import SourceItem, prepare_items
+
+    raw = [{"id": 7, "tags": ["a"]}, {"id": "x/y", "n": 1}]
+    first, second = prepare_items(raw)
+    assert first.item_id == first.key == "7" and first.item_id is first.key
+    assert (second.item_id, second.key) == ("x%2Fy", "x/y")
+    assert first.data == raw[0] and first.data is not raw[0]
+    first.data["id"] = 8
+    assert raw[0]["id"] == 7 and first.data["id"] == 7
+    with pytest.raises(AttributeError):
+        first.key = "8"
+    assert pickle.loads(pickle.dumps(second)) == second == copy.deepcopy(second)
+    assert second == SourceItem("x%2Fy", "x/y", {"id": "x/y", "n": 1}, second.fingerprint, 1)
+
+    def edits_its_input(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        item["n"] = -1
+        return {"seen": item["id"]}
+
+    source = [{"id": "a", "n": 1}]
+    run_items(log, source, edits_its_input)
+    assert source == [{"id": "a", "n": 1}]
+    assert plan_resume(log, source).skip == ["a"]
+
+
 @pytest.mark.parametrize(
     ("bad_result", "error", "match"),
     [
