@@ -11,15 +11,16 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_datagen.core.ids import key_of
+from airflow_provider_datagen.core.ids import key_of, root_item_id
 from airflow_provider_datagen.core.planner import ResumePlan, classify, status_of
-from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items
+from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source
 from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
 
 if TYPE_CHECKING:
@@ -108,6 +109,31 @@ def snapshot_digest(items: list[SourceItem]) -> str:
     return h.hexdigest()[:32]
 
 
+def _prepare_chunk_rows(rows: list[Any], key_field: str, ids: list[Any]) -> list[SourceItem]:
+    """Validate and fingerprint only the rows of a path source that belong to the chunk.
+
+    Every row's key is still checked (present, a valid id, unique), so a source edited after planning
+    fails with the same message as before; only the expensive part, the canonical-JSON fingerprint,
+    is skipped for the other chunks' rows (with 1,000 chunks of a 1M-row file, it was done 1,000 times).
+    """
+    wanted = set(ids)
+    seen: set[str] = set()
+    mine = []
+    for row in rows:
+        if not isinstance(row, Mapping) or key_field not in row:
+            return prepare_items(rows, key_field)  # raises the error naming the bad row
+        try:
+            iid = root_item_id(row[key_field])
+        except InvalidItemError:
+            return prepare_items(rows, key_field)
+        if iid in seen:
+            return prepare_items(rows, key_field)
+        seen.add(iid)
+        if iid in wanted:
+            mine.append(row)
+    return prepare_items(mine, key_field)
+
+
 def chunk_items(
     chunk: dict[str, Any],
     *,
@@ -138,7 +164,7 @@ def chunk_items(
             table = table.filter(pc.is_in(table["item_id"], value_set=pa.array(ids, pa.string())))
         items = prepare_items((json.loads(t) for t in table["item"].to_pylist()), key_field)
     else:
-        items = load_source(chunk["source"], key_field)
+        items = _prepare_chunk_rows(list(read_source(chunk["source"])), key_field, ids)
     by_id = {s.item_id: s for s in items}
     missing = [i for i in ids if i not in by_id]
     if missing:
