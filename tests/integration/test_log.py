@@ -442,6 +442,55 @@ def test_maintain_keeps_every_event_and_blob(tmp_path: Path) -> None:
     assert lg.summary()["completed"] == 7
 
 
+def test_a_second_reader_sees_every_commit_at_once_without_listing_versions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads skip ``checkout_latest`` (a listing of every manifest) only while no newer version exists."""
+    writer_log = CheckpointLog.open(tmp_path, pipeline="qa", experiment="fresh")
+    reader = CheckpointLog.open(tmp_path, pipeline="qa", experiment="fresh")
+    refreshes: list[int] = []
+    real = lance.LanceDataset.checkout_latest
+
+    def counting(self: lance.LanceDataset) -> None:
+        refreshes.append(1)
+        real(self)
+
+    monkeypatch.setattr(lance.LanceDataset, "checkout_latest", counting)
+    for i in range(4):
+        write_item(writer_log, f"item-{i}")
+        assert reader.item_state(f"item-{i}").status is ItemStatus.COMPLETED
+        assert reader.version == writer_log.version
+    refreshes.clear()
+    for _ in range(5):
+        reader.item_state("item-0")
+    assert refreshes == []  # nothing new: a stat, not a listing
+    writer_log.maintain(cleanup_older_than=__import__("datetime").timedelta(0))
+    assert reader.summary()["completed"] == 4
+    assert reader.version == writer_log.version
+    assert refreshes  # maintenance committed new versions, so the reader refreshed
+
+
+def test_each_commit_fsyncs_exactly_its_new_data_file(log: CheckpointLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+    real_open = os.open
+
+    def spy_open(path: Any, flags: int, *args: Any) -> int:
+        if flags == os.O_RDONLY:
+            synced.append(os.fspath(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    for i in range(3):
+        synced.clear()
+        write_item(log, f"item-{i}")
+        data = [p for p in synced if p.endswith(".lance") and "/data/" in p]
+        ds = lance.dataset(log.uri)
+        newest = {df.path for f in ds.get_fragments()[-2:] for df in f.data_files()}
+        # write_item is two commits (pull, then acknowledge): each synced its own file, not older ones.
+        assert {os.path.basename(p) for p in data} == newest and len(data) == 2
+        assert sum(p.endswith(".manifest") for p in synced) == 2
+
+
 # --- idempotency and fencing -----------------------------------------------------------------
 
 
