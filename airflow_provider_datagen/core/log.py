@@ -1097,7 +1097,7 @@ class CheckpointLog:
         """
         return self._states(None)[0]
 
-    def states_for(self, ids: pa.Array) -> tuple[pa.Table, np.ndarray]:
+    def states_for(self, ids: pa.Array | Sequence[str]) -> tuple[pa.Table, np.ndarray]:
         """:meth:`states`, and for each of ``ids`` (unique) its row there, or -1 when it has no events.
 
         The planner's read. Without a usable projection the fold matches ``ids`` while it encodes
@@ -1105,10 +1105,10 @@ class CheckpointLog:
         """
         table, index = self._states(ids)
         if index is None:
-            index = _rows_of(table, ids)
+            index = _rows_of(table, _id_array(ids))
         return table, index
 
-    def _states(self, ids: pa.Array | None) -> tuple[pa.Table, np.ndarray | None]:
+    def _states(self, ids: pa.Array | Sequence[str] | None) -> tuple[pa.Table, np.ndarray | None]:
         ds = self._dataset()
         if ds is None:
             return STATE_SCHEMA.empty_table(), None
@@ -1129,25 +1129,26 @@ class CheckpointLog:
             return fold_table(self._scan_ds(ds, LIGHT_COLUMNS, None)), None
         return self._fold_for(ds, ids)
 
-    def _fold_for(self, ds: lance.LanceDataset, ids: pa.Array) -> tuple[pa.Table, np.ndarray]:
+    def _fold_for(self, ds: lance.LanceDataset, ids: pa.Array | Sequence[str]) -> tuple[pa.Table, np.ndarray]:
         """Fold the whole log for the planner, matching item ids to ``ids`` while the rest is read.
 
         Hashing the ids is a third of the fold and needs only the ``item_id`` column; the scan keeps
-        about one core busy and both release the GIL, so the hashing runs beside the scan of the other
-        light columns. Both scans read one pinned version (``_dataset()`` may move ``ds`` meanwhile).
+        about one core busy and both release the GIL, so the ids are read and hashed beside the scan of
+        the other light columns. Both scans read one pinned version (``_dataset()`` may move ``ds``).
         """
         try:
             pinned = ds.checkout_version(int(ds.version))
         except (OSError, ValueError, RuntimeError) as exc:
             raise self._translate(exc, "reading the log") from None
-        id_col = self._scan_ds(pinned, ["item_id"], None)["item_id"]
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            coding = pool.submit(item_codes, id_col, ids)
-            rest = self._scan_ds(pinned, [c for c in LIGHT_COLUMNS if c != "item_id"], None)
-            codes = coding.result()
+            reading = pool.submit(self._scan_ds, pinned, [c for c in LIGHT_COLUMNS if c != "item_id"], None)
+            id_col = self._scan_ds(pinned, ["item_id"], None)["item_id"]
+            wanted = _id_array(ids)  # a source's Python ids are converted while the scan runs
+            codes = item_codes(id_col, wanted)
+            rest = reading.result()
         if rest.num_rows != len(id_col):  # cannot happen at one version; never fold misaligned rows
-            return fold_aligned(self._scan_ds(pinned, LIGHT_COLUMNS, None), ids)
-        return fold_aligned(rest.append_column("item_id", id_col), ids, codes=codes)
+            return fold_aligned(self._scan_ds(pinned, LIGHT_COLUMNS, None), wanted)
+        return fold_aligned(rest.append_column("item_id", id_col), wanted, codes=codes)
 
     def _scan_ds(self, ds: lance.LanceDataset, columns: Sequence[str], filter: Any) -> pa.Table:
         cols = list(dict.fromkeys([*columns, "schema_version"]))
@@ -1365,6 +1366,10 @@ DatagenErrorTypes = (
 )
 
 __all__ = ["Batch", "CheckpointLog", "LogWriter"]
+
+
+def _id_array(ids: pa.Array | Sequence[str]) -> pa.Array:
+    return ids if isinstance(ids, pa.Array) else pa.array(ids, pa.string())
 
 
 def _rows_of(states: pa.Table, ids: pa.Array) -> np.ndarray:

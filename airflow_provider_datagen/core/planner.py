@@ -170,7 +170,7 @@ def plan_resume(
     ids = [s.item_id for s in source]
     index = None
     if states is None:
-        states, index = log.states_for(pa.array(ids, pa.string()))
+        states, index = log.states_for(ids)
     return _classify(source, ids, states, processor_version, log.version, index)
 
 
