@@ -48,7 +48,8 @@ def _check_key(key: object) -> str:
     if "\x00" in text:
         raise InvalidItemError(f"item key {text[:80]!r} contains a NUL byte; remove it from the source key")
     try:
-        text.encode("utf-8")
+        if not text.isascii():
+            text.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidItemError(
             f"item key {text[:80]!r} contains a lone surrogate and is not valid Unicode text; decode "

@@ -15,12 +15,13 @@ import concurrent.futures
 import contextlib
 import datetime as dt
 import fcntl
+import hashlib
+import itertools
 import logging
 import os
 import threading
 import time
 import traceback as tb_module
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import lance
@@ -30,12 +31,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.events import (
+    ID_DIGEST_SIZE,
+    ID_SEP,
     EncodedValue,
     Event,
     StepCoord,
     encode_value,
-    event_id_for,
-    event_key_of,
+    event_ids_of,
 )
 from airflow_provider_datagen.core.fold import (
     STATE_SCHEMA,
@@ -73,7 +75,7 @@ from airflow_provider_datagen.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -187,63 +189,84 @@ def _clip(text: str | None) -> str | None:
     return text[:_MAX_TEXT] + f"... [{len(text) - _MAX_TEXT} characters cut]"
 
 
-@dataclass
-class _Pending:
-    item_id: str
-    event_type: EventType
-    coord: StepCoord = field(default_factory=StepCoord)
-    field: str | None = None
-    value: EncodedValue | None = None
-    status: str | None = None
-    input_fingerprint: str | None = None
-    processor_version: str | None = None
-    parent_item_id: str | None = None
-    error: tuple[str, str, str | None] | None = None
+_CREATED_VALUE = EventType.ITEM_CREATED.value
+_STARTED_VALUE = EventType.STEP_STARTED.value
+_SET_VALUE = EventType.FIELD_SET.value
+_APPEND_VALUE = EventType.FIELD_APPEND.value
+_COMPLETED_VALUE = EventType.STEP_COMPLETED.value
+_FAILED_VALUE = EventType.FAILED.value
+_TERMINAL_VALUE = EventType.TERMINAL.value
+_RUNNING = ItemStatus.RUNNING.value
+_NO_MODES: dict[str, str] = {}  # shared, never mutated: the commit copies a mode map before writing it
+#: Kinds of events the commit loop must treat specially (sequence bookkeeping and field modes).
+_OTHER, _CREATED, _SET, _APPEND = 0, 1, 2, 3
+_EVENT_KINDS = {_CREATED_VALUE: _CREATED, _SET_VALUE: _SET, _APPEND_VALUE: _APPEND}
+_MODE_NAMES = {_SET: "set", _APPEND: "append"}
+_SEP = ID_SEP
+#: The event-id parts after the coordinates (field, value, error type, error message), all empty.
+_NO_EXTRAS = _SEP * 4
+#: Columns that depend only on an event's shape, in the order of a shape's column tuple.
+_SHAPE_COLUMNS = (
+    "event_type",
+    "status",
+    "step_kind",
+    "step",
+    "enclosing_step",
+    "selector_step",
+    "iteration",
+    "fanout_index",
+    "processor_version",
+)
+#: Columns filled from an event's extras (field value, error), in the order of ``_Extras``.
+_EXTRA_COLUMNS = (
+    "field",
+    "value_kind",
+    "value_json",
+    "value_size",
+    "value_digest",
+    "value_blob",
+    "error_type",
+    "error_message",
+    "error_traceback",
+)
+_SHAPE_IDS = itertools.count()
+#: Shapes are few (event type x step coordinates); the bound only matters for huge fan-outs or loops.
+_MAX_SHAPES = 8192
+_ID_OFFSETS_CACHE: dict[int, pa.Buffer] = {}
 
 
-@dataclass
-class _ItemCache:
-    """What a writer must know about an item to append to it: its next sequence and field modes."""
+def _id_part(value: object) -> str:
+    return "" if value is None else str(value)
 
-    last_seq: int = -1
-    input_fingerprint: str | None = None
-    field_modes: dict[str, str] = field(default_factory=dict)
-    parent_item_id: str | None = None
+
+def _exact(text: str) -> str:
+    # A str subclass may format differently from the text Arrow stores; ids hash the stored text.
+    return text if type(text) is str else str.__str__(text)
 
 
 class Batch:
-    """One checkpoint batch: collected in memory, committed as one Lance append, all or nothing."""
+    """One checkpoint batch: collected in memory, committed as one Lance append, all or nothing.
+
+    Each event is held as a tuple ``(item_id, shape, input_fingerprint, id_tail, extras)``. The shape
+    (event type, status, step coordinates, processor version) is shared by every event of that kind
+    at that step and cached by the writer, so an event costs a tuple, not a record, and the commit
+    fills the shape columns with one ``take`` instead of a Python value per row and column.
+    """
 
     def __init__(self, writer: LogWriter) -> None:
         self._writer = writer
-        self._pending: list[_Pending] = []
+        self._pending: list[tuple[Any, ...]] = []
+        #: positions of events carrying a field value, an error or an explicit parent
+        self._extras: list[int] = []
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def _coord(
-        self,
-        step: str | None,
-        step_kind: str | StepKind | None,
-        enclosing_step: str | None,
-        iteration: int | None,
-        fanout_index: int | None,
-        selector_step: str | None,
-    ) -> StepCoord:
-        if step is not None and step not in _VALID_STEP_NAMES:
-            check_name(step, "step")
-            if len(_VALID_STEP_NAMES) < 10_000:  # names are few; the cache only skips re-validation
-                _VALID_STEP_NAMES.add(step)
-        if step_kind is not None:
-            kind = _STEP_KINDS.get(step_kind)
-            if kind is None:
-                raise InvalidEventError(f"unknown step_kind {step_kind!r}; use one of {[k.value for k in StepKind]}")
-            step_kind = kind
-        if iteration is not None or fanout_index is not None:
-            for what, val in (("iteration", iteration), ("fanout_index", fanout_index)):
-                if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
-                    raise InvalidEventError(f"{what} must be a non-negative int, got {val!r}")
-        return StepCoord(step, step_kind, enclosing_step, iteration, fanout_index, selector_step)
+    def _id(self, item_id: object) -> str:
+        # Ids the writer already sequences were validated when it learnt them.
+        if type(item_id) is str and item_id in self._writer._items:
+            return item_id
+        return _exact(_check_item_id(item_id))
 
     def item_created(
         self,
@@ -259,21 +282,45 @@ class Batch:
         selector_step: str | None = None,
     ) -> None:
         """The item enters the inbox (status running) for this input fingerprint."""
-        _check_item_id(item_id)
-        if not isinstance(input_fingerprint, str) or not input_fingerprint:
+        item_id = self._id(item_id)
+        if type(input_fingerprint) is not str:
+            if not isinstance(input_fingerprint, str):
+                raise InvalidEventError(f"item {item_id!r}: input_fingerprint must be a non-empty string")
+            input_fingerprint = _exact(input_fingerprint)
+        if not input_fingerprint:
             raise InvalidEventError(f"item {item_id!r}: input_fingerprint must be a non-empty string")
-        coord = self._coord(step, step_kind, enclosing_step, None, fanout_index, selector_step)
-        self._pending.append(
-            _Pending(
-                item_id,
-                EventType.ITEM_CREATED,
-                coord,
-                status=ItemStatus.RUNNING.value,
-                input_fingerprint=input_fingerprint,
-                processor_version=processor_version or self._writer.processor_version,
-                parent_item_id=parent_item_id if parent_item_id is not None else parent_of(item_id),
-            )
+        w = self._writer
+        shape = w._shape(
+            _CREATED_VALUE,
+            step,
+            step_kind,
+            enclosing_step,
+            None,
+            fanout_index,
+            selector_step,
+            processor_version or w.processor_version,
+            _RUNNING,
         )
+        extras = None
+        if parent_item_id and parent_item_id != parent_of(item_id):
+            extras = (None, None, None, parent_item_id)
+            self._extras.append(len(self._pending))
+        self._pending.append((item_id, shape, input_fingerprint, shape[3], extras))
+
+    def _created_many(self, item_ids: list[str], fingerprints: list[str], processor_version: str | None) -> None:
+        """:meth:`item_created` of many root items the writer knows (the runner's inbox pull)."""
+        items = self._writer._items
+        if not all(type(iid) is str and iid in items for iid in item_ids) or not all(
+            type(fp) is str and fp for fp in fingerprints
+        ):
+            for iid, fp in zip(item_ids, fingerprints):  # the checks and errors of the one-by-one path
+                self.item_created(iid, input_fingerprint=fp, processor_version=processor_version)
+            return
+        w = self._writer
+        pv = processor_version or w.processor_version
+        shape = w._shape(_CREATED_VALUE, None, None, None, None, None, None, pv, _RUNNING)
+        tail = shape[3]
+        self._pending.extend([(iid, shape, fp, tail, None) for iid, fp in zip(item_ids, fingerprints)])
 
     def step_started(
         self,
@@ -287,26 +334,41 @@ class Batch:
         selector_step: str | None = None,
     ) -> None:
         """A driver frame (Sequence/Loop iteration) opened: a structural marker."""
-        _check_item_id(item_id)
-        coord = self._coord(step, step_kind, enclosing_step, iteration, fanout_index, selector_step)
-        self._pending.append(_Pending(item_id, EventType.STEP_STARTED, coord))
+        item_id = self._id(item_id)
+        shape = self._writer._shape(
+            _STARTED_VALUE, step, step_kind, enclosing_step, iteration, fanout_index, selector_step, None, None
+        )
+        self._pending.append((item_id, shape, None, shape[3], None))
 
-    def _field(self, et: EventType, item_id: str, name: str, value: Any, step: str | None) -> None:
-        _check_item_id(item_id)
+    def _shaped(self, item_id: str, shape: tuple[Any, ...]) -> None:
+        """An event of a shape from :meth:`LogWriter._shape` for an item the writer knows (the runner's
+        STEP_COMPLETED: its shape is built once per step, not per item)."""
+        if type(item_id) is not str or item_id not in self._writer._items:
+            item_id = _exact(_check_item_id(item_id))
+        self._pending.append((item_id, shape, None, shape[3], None))
+
+    def _field(self, et: str, item_id: str, name: str, value: Any, step: str | None) -> None:
+        item_id = self._id(item_id)
         _check_field(name)
         enc = encode_value(
             value, blob_threshold=self._writer.log.blob_threshold, what=f"field {name!r} of item {item_id!r}"
         )
-        coord = self._coord(step, None, None, None, None, None)
-        self._pending.append(_Pending(item_id, et, coord, field=name, value=enc))
+        self._add_field(et, item_id, name, enc, step)
+
+    def _add_field(self, et: str, item_id: str, name: str, enc: EncodedValue, step: str | None) -> None:
+        shape = self._writer._shape(et, step, None, None, None, None, None, None, None)
+        # the kind keeps bytes b'"x"' and the JSON string "x" (same digest) apart
+        tail = f"{shape[4]}{_SEP}{name}{_SEP}{enc.kind}:{enc.digest}{_SEP}{_SEP}"
+        self._extras.append(len(self._pending))
+        self._pending.append((item_id, shape, None, tail, (name, enc, None, None)))
 
     def field_set(self, item_id: str, field: str, value: Any, *, step: str | None = None) -> None:
         """Replace a field's value (last writer wins in the fold)."""
-        self._field(EventType.FIELD_SET, item_id, field, value, step)
+        self._field(_SET_VALUE, item_id, field, value, step)
 
     def field_append(self, item_id: str, field: str, value: Any, *, step: str | None = None) -> None:
         """Append a value to a field (accumulated in order by the fold)."""
-        self._field(EventType.FIELD_APPEND, item_id, field, value, step)
+        self._field(_APPEND_VALUE, item_id, field, value, step)
 
     def step_completed(
         self,
@@ -321,16 +383,20 @@ class Batch:
         selector_step: str | None = None,
     ) -> None:
         """A checkpointed step boundary: the resume cursor, valid for ``processor_version`` only."""
-        _check_item_id(item_id)
-        coord = self._coord(step, step_kind, enclosing_step, iteration, fanout_index, selector_step)
-        self._pending.append(
-            _Pending(
-                item_id,
-                EventType.STEP_COMPLETED,
-                coord,
-                processor_version=processor_version or self._writer.processor_version,
-            )
+        item_id = self._id(item_id)
+        w = self._writer
+        shape = w._shape(
+            _COMPLETED_VALUE,
+            step,
+            step_kind,
+            enclosing_step,
+            iteration,
+            fanout_index,
+            selector_step,
+            processor_version or w.processor_version,
+            None,
         )
+        self._pending.append((item_id, shape, None, shape[3], None))
 
     def failed(
         self,
@@ -345,7 +411,7 @@ class Batch:
         traceback: str | None = None,
     ) -> None:
         """A step raised: a failure-lens row; the item stays running and is retried later."""
-        _check_item_id(item_id)
+        item_id = self._id(item_id)
         if isinstance(error, BaseException):
             etype = type(error).__name__
             message = str(error)
@@ -355,29 +421,36 @@ class Batch:
             etype, message = "Error", error
         else:
             raise InvalidEventError(f"item {item_id!r}: error must be an exception or a message string")
-        coord = self._coord(step, step_kind, enclosing_step, iteration, fanout_index, None)
-        self._pending.append(
-            _Pending(
-                item_id,
-                EventType.FAILED,
-                coord,
-                status=STORED_STATUS_FAILED,
-                error=(etype, _clip(message) or "", _clip(traceback)),
-            )
+        shape = self._writer._shape(
+            _FAILED_VALUE, step, step_kind, enclosing_step, iteration, fanout_index, None, None, STORED_STATUS_FAILED
         )
+        err = (etype, _clip(message) or "", _clip(traceback))
+        tail = f"{shape[4]}{_SEP}{_SEP}{_SEP}{_id_part(err[0])}{_SEP}{_id_part(err[1])}"
+        self._extras.append(len(self._pending))
+        self._pending.append((item_id, shape, None, tail, (None, None, err, None)))
 
     def terminal(self, item_id: str, *, status: str = "completed", reason: Any = None) -> None:
         """The item finished: ``completed`` or ``filtered`` (with an optional JSON ``reason``)."""
-        _check_item_id(item_id)
-        status_value = status.value if isinstance(status, ItemStatus) else status
-        if status_value not in TERMINAL_STATUSES:
-            raise InvalidEventError(
-                f"item {item_id!r}: unknown terminal status {status!r}; use 'completed' or 'filtered'"
-            )
-        enc = encode_value(reason, what=f"filter reason of item {item_id!r}") if reason is not None else None
-        if enc is not None and enc.json_text is None:
+        item_id = self._id(item_id)
+        known = self._writer._terminal_shapes
+        shape = known.get(status) if type(status) is str else None
+        if shape is None:
+            status_value = status.value if isinstance(status, ItemStatus) else status
+            if status_value not in TERMINAL_STATUSES:
+                raise InvalidEventError(
+                    f"item {item_id!r}: unknown terminal status {status!r}; use 'completed' or 'filtered'"
+                )
+            shape = self._writer._shape(_TERMINAL_VALUE, None, None, None, None, None, None, None, status_value)
+            known[status_value] = shape
+        if reason is None:
+            self._pending.append((item_id, shape, None, shape[3], None))
+            return
+        enc = encode_value(reason, what=f"filter reason of item {item_id!r}")
+        if enc.json_text is None:
             raise InvalidEventError(f"item {item_id!r}: the filter reason must be small JSON, not bytes")
-        self._pending.append(_Pending(item_id, EventType.TERMINAL, status=status_value, value=enc))
+        tail = f"{shape[4]}{_SEP}{_SEP}{enc.kind}:{enc.digest}{_SEP}{_SEP}"
+        self._extras.append(len(self._pending))
+        self._pending.append((item_id, shape, None, tail, (None, enc, None, None)))
 
 
 class LogWriter:
@@ -401,7 +474,12 @@ class LogWriter:
         self.epoch = epoch
         self.processor_version = processor_version
         self.airflow = dict(airflow or {})
-        self._items: dict[str, _ItemCache] = {}
+        #: per item: (last_seq, input_fingerprint, field modes), a list once a commit staged it; every
+        #: key is a validated item id
+        self._items: dict[str, Sequence[Any]] = {}
+        self._shapes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        #: the shapes of TERMINAL by status, the one event every item ends with
+        self._terminal_shapes: dict[str, tuple[Any, ...]] = {}
         self.commits = 0
         self.events_written = 0
 
@@ -414,7 +492,14 @@ class LogWriter:
         field_modes: dict[str, str] | None = None,
     ) -> None:
         """Tell the writer what it would otherwise look up: saves a query per new item on hot paths."""
-        self._items[item_id] = _ItemCache(last_seq, input_fingerprint, dict(field_modes or {}))
+        item_id = _exact(_check_item_id(item_id))
+        self._items[item_id] = [last_seq, input_fingerprint, dict(field_modes) if field_modes else _NO_MODES]
+
+    def _prime_new(self, item_ids: Iterable[str], last_seqs: Mapping[str, int]) -> None:
+        """:meth:`prime` for item ids already validated (``prepare_items`` built them) with no history
+        but their last sequence number."""
+        get = last_seqs.get
+        self._items.update({iid: (get(iid, -1), None, _NO_MODES) for iid in item_ids})
 
     def forget(self, item_id: str) -> None:
         self._items.pop(item_id, None)
@@ -427,6 +512,90 @@ class LogWriter:
         if len(b):
             self.commit(b)
 
+    def _shape(
+        self,
+        event_type: str,
+        step: str | None,
+        step_kind: str | StepKind | None,
+        enclosing_step: str | None,
+        iteration: int | None,
+        fanout_index: int | None,
+        selector_step: str | None,
+        processor_version: str | None,
+        status: str | None,
+    ) -> tuple[Any, ...]:
+        """The validated shape of an event: ``(id, kind, id_middle, id_tail, id_coords, columns)``.
+
+        ``id_middle`` and ``id_tail`` are the event-id text around the fingerprint (see
+        :func:`~airflow_provider_datagen.core.events.event_id_for`), ``id_coords`` the tail without its
+        field, value and error parts.
+        """
+        if iteration is not None or fanout_index is not None:
+            # checked on every call: True == 1 would otherwise hit the cached shape of iteration 1
+            for what, val in (("iteration", iteration), ("fanout_index", fanout_index)):
+                if val is not None and (type(val) is not int or val < 0):
+                    raise InvalidEventError(f"{what} must be a non-negative int, got {val!r}")
+        key = (
+            event_type,
+            step,
+            step_kind,
+            enclosing_step,
+            iteration,
+            fanout_index,
+            selector_step,
+            processor_version,
+            status,
+        )
+        shape = self._shapes.get(key)
+        if shape is not None:
+            return shape
+        if step is not None and step not in _VALID_STEP_NAMES:
+            check_name(step, "step")
+            if len(_VALID_STEP_NAMES) < 10_000:  # names are few; the cache only skips re-validation
+                _VALID_STEP_NAMES.add(step)
+        if step_kind is not None:
+            kind = _STEP_KINDS.get(step_kind)
+            if kind is None:
+                raise InvalidEventError(f"unknown step_kind {step_kind!r}; use one of {[k.value for k in StepKind]}")
+            step_kind = kind
+        sequenced = event_type in (_CREATED_VALUE, _COMPLETED_VALUE)
+        coords = _SEP + _SEP.join(
+            _id_part(p)
+            for p in (
+                processor_version if sequenced else None,
+                status,
+                step_kind,
+                step,
+                enclosing_step,
+                selector_step,
+                iteration,
+                fanout_index,
+            )
+        )
+        columns = (
+            event_type,
+            status,
+            step_kind,
+            step,
+            enclosing_step,
+            selector_step,
+            iteration,
+            fanout_index,
+            processor_version,
+        )
+        shape = (
+            next(_SHAPE_IDS),
+            _EVENT_KINDS.get(event_type, _OTHER),
+            f"{_SEP}{event_type}{_SEP}",
+            coords + _NO_EXTRAS,
+            coords,
+            columns,
+        )
+        if len(self._shapes) >= _MAX_SHAPES:
+            self._shapes.clear()
+        self._shapes[key] = shape
+        return shape
+
     def _lookup(self, item_ids: Sequence[str]) -> None:
         states = self.log.item_states(item_ids)
         for iid in item_ids:
@@ -436,109 +605,23 @@ class LogWriter:
                     f"writer {self.writer_id!r} at epoch {self.epoch} may not write item {iid!r}: epoch "
                     f"{st.max_epoch} already owns it. A newer attempt took over; stop this one."
                 )
-            self._items[iid] = _ItemCache(st.last_seq, st.input_fingerprint, dict(st.field_modes))
+            self._items[iid] = [st.last_seq, st.input_fingerprint, dict(st.field_modes)]
 
     def commit(self, batch: Batch) -> int:
         """Validate, sequence and append a batch in one Lance commit; returns the events written."""
         pending = batch._pending
-        unknown = list(dict.fromkeys(p.item_id for p in pending if p.item_id not in self._items))
-        if unknown:
-            self._lookup(unknown)
-        staged: dict[str, _ItemCache] = {}
-        rows: list[tuple[Any, ...]] = []
-        created, completed = EventType.ITEM_CREATED, EventType.STEP_COMPLETED
-        field_types = (EventType.FIELD_SET, EventType.FIELD_APPEND)
-        for p in pending:
-            cache = staged.get(p.item_id)
-            if cache is None:
-                base = self._items[p.item_id]
-                cache = _ItemCache(base.last_seq, base.input_fingerprint, dict(base.field_modes))
-                staged[p.item_id] = cache
-            cache.last_seq += 1
-            seq = cache.last_seq
-            et = p.event_type
-            if et is created:
-                cache.input_fingerprint = p.input_fingerprint
-                cache.field_modes = {}
-            elif et in field_types:
-                mode = "set" if et is EventType.FIELD_SET else "append"
-                assert p.field is not None
-                prev = cache.field_modes.get(p.field)
-                if prev is not None and prev != mode:
-                    raise InvalidEventError(
-                        f"item {p.item_id!r}: field {p.field!r} was written with FIELD_"
-                        f"{prev.upper()} and cannot take FIELD_{mode.upper()}; use one mode per field "
-                        "(nothing of this batch was written)"
-                    )
-                cache.field_modes[p.field] = mode
-            fp = p.input_fingerprint if p.input_fingerprint is not None else cache.input_fingerprint
-            pv = p.processor_version if p.processor_version is not None else self.processor_version
-            c = p.coord
-            v = p.value
-            err = p.error
-            eid = event_id_for(
-                p.item_id,
-                seq,
-                et,  # a str enum: its own value, without the enum property lookup
-                fp,
-                pv if (et is created or et is completed) else None,
-                p.status,
-                c.step_kind,
-                c.step,
-                c.enclosing_step,
-                c.selector_step,
-                c.iteration,
-                c.fanout_index,
-                p.field,
-                # the kind keeps bytes b'"x"' and the JSON string "x" (same digest) apart
-                f"{v.kind}:{v.digest}" if v is not None else None,
-                err[0] if err else None,
-                err[1] if err else None,
-            )
-            # Row order must follow _ROW_COLUMNS.
-            rows.append(
-                (
-                    eid,
-                    event_key_of(eid),
-                    p.item_id,
-                    root_of(p.item_id),
-                    p.parent_item_id or parent_of(p.item_id),
-                    seq,
-                    et,
-                    p.status,
-                    c.step_kind,
-                    c.step,
-                    c.enclosing_step,
-                    c.selector_step,
-                    c.iteration,
-                    c.fanout_index,
-                    p.field,
-                    v.kind if v else None,
-                    v.json_text if v else None,
-                    v.size if v else None,
-                    v.digest if v else None,
-                    v.blob if v else None,
-                    fp,
-                    pv,
-                    err[0] if err else None,
-                    err[1] if err else None,
-                    err[2] if err else None,
-                )
-            )
-        n = len(rows)
-        cols: dict[str, Any] = dict(zip(_ROW_COLUMNS, (list(col) for col in zip(*rows))))
-        # Per-writer constants are repeated, not built per event.
-        af = self.airflow
-        cols["schema_version"] = pa.array(np.full(n, DATAGEN_SCHEMA_VERSION, np.int32))
-        cols["writer_id"] = pa.array([self.writer_id] * n, pa.string())
-        cols["writer_epoch"] = pa.array(np.full(n, self.epoch, np.int64))
-        for key, typ in _AIRFLOW_COLUMNS.items():
-            value = af.get(key)
-            cols[key] = pa.nulls(n, typ) if value is None else pa.array([value] * n, typ)
-        now_us = np.datetime64(dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), "us")
-        cols["created_at"] = pa.array(np.full(n, now_us), pa.timestamp("us", tz="UTC"))
+        n = len(pending)
+        if not n:
+            return 0
+        items = self._items
+        sequenced = self._sequence(pending, items)
+        if sequenced is None:  # items this writer has not seen: one query for all of them
+            self._lookup([iid for iid in dict.fromkeys([p[0] for p in pending]) if iid not in items])
+            sequenced = self._sequence(pending, items)
+            assert sequenced is not None
+        staged, seqs, fps, digests, shape_ids = sequenced
         try:
-            table = pa.table(cols, schema=EVENT_SCHEMA)
+            table = self._table(batch, "/" in "\n".join(staged), seqs, fps, digests, shape_ids)
         except (UnicodeEncodeError, pa.ArrowInvalid) as exc:
             raise InvalidEventError(
                 f"a batch of writer {self.writer_id!r} holds text that is not valid UTF-8 (an item id, "
@@ -546,40 +629,154 @@ class LogWriter:
                 "(nothing of this batch was written)"
             ) from None
         self.log._append(table)
-        self._items.update(staged)
+        items.update(staged)
         self.commits += 1
-        self.events_written += len(pending)
-        return len(pending)
+        self.events_written += n
+        return n
+
+    @staticmethod
+    def _sequence(pending: list[tuple[Any, ...]], items: dict[str, Any]) -> tuple[Any, ...] | None:
+        """Number the events of a batch and hash their ids; None if an item is unknown to the writer.
+
+        Works on copies (``staged``: per item ``[last_seq, input_fingerprint, field modes, modes
+        copied]``), so a batch that fails leaves the writer's state untouched.
+        """
+        staged: dict[str, list[Any]] = {}
+        seqs: list[int] = []
+        fps: list[str | None] = []
+        digests: list[bytes] = []
+        shape_ids: list[int] = []
+        add_seq, add_fp, add_digest, add_shape = seqs.append, fps.append, digests.append, shape_ids.append
+        staged_get, items_get = staged.get, items.get
+        # copying a keyless BLAKE2b state is cheaper than constructing one per event
+        new_hash = hashlib.blake2b(digest_size=ID_DIGEST_SIZE).copy
+        for iid, shape, fp, tail, extras in pending:
+            st = staged_get(iid)
+            if st is None:
+                base = items_get(iid)
+                if base is None:
+                    return None
+                st = staged[iid] = [base[0], base[1], base[2], False]
+            seq = st[0] = st[0] + 1
+            kind = shape[1]
+            if kind:
+                if kind == _CREATED:
+                    st[1] = fp
+                    st[2] = {}
+                    st[3] = True
+                else:
+                    name = extras[0]
+                    mode = _MODE_NAMES[kind]
+                    prev = st[2].get(name)
+                    if prev is not None and prev != mode:
+                        raise InvalidEventError(
+                            f"item {iid!r}: field {name!r} was written with FIELD_"
+                            f"{prev.upper()} and cannot take FIELD_{mode.upper()}; use one mode per field "
+                            "(nothing of this batch was written)"
+                        )
+                    if prev is None:
+                        if not st[3]:
+                            st[2] = dict(st[2])
+                            st[3] = True
+                        st[2][name] = mode
+            if fp is None:
+                fp = st[1]
+            add_seq(seq)
+            add_fp(fp)
+            add_shape(shape[0])
+            # The text of events.event_id_for, built from the precomputed parts of the shape.
+            h = new_hash()
+            h.update(f"{iid}{_SEP}{seq}{shape[2]}{'' if fp is None else fp}{tail}".encode("utf-8", "surrogatepass"))
+            add_digest(h.digest())
+        return staged, seqs, fps, digests, shape_ids
+
+    def _table(
+        self,
+        batch: Batch,
+        nested: bool,
+        seqs: list[int],
+        fps: list[str | None],
+        digests: list[bytes],
+        shape_ids: list[int],
+    ) -> pa.Table:
+        """The Arrow table of a sequenced batch, built column by column (``nested``: a child id is in it)."""
+        pending = batch._pending
+        n = len(pending)
+        cols: dict[str, Any] = {}
+        ids, keys = event_ids_of(b"".join(digests))
+        cols["event_id"] = ids
+        cols["event_key"] = pa.array(keys)
+        cols["schema_version"] = pa.array(np.full(n, DATAGEN_SCHEMA_VERSION, np.int32))
+        item_ids = [p[0] for p in pending]
+        item_arr = pa.array(item_ids, pa.string())
+        cols["item_id"] = item_arr
+        overrides = {i: pending[i][4][3] for i in batch._extras if pending[i][4][3] is not None}
+        if nested or overrides:
+            parents = {iid: parent_of(iid) for iid in dict.fromkeys(item_ids)}
+            cols["root_item_id"] = pa.array([root_of(iid) for iid in item_ids], pa.string())
+            parent_list = [parents[iid] for iid in item_ids]
+            for i, parent in overrides.items():
+                parent_list[i] = parent
+            cols["parent_item_id"] = pa.array(parent_list, pa.string())
+        else:
+            cols["root_item_id"] = item_arr
+            cols["parent_item_id"] = pa.nulls(n, pa.string())
+        cols["item_seq"] = pa.array(np.fromiter(seqs, np.int64, n))
+        # Shape columns: one row per distinct shape of the batch, spread to the events by take.
+        _, first, inverse = np.unique(np.array(shape_ids, np.int64), return_index=True, return_inverse=True)
+        shape_rows = [pending[int(i)][1][5] for i in first]
+        where = pa.array(inverse.astype(np.int32))
+        for j, name in enumerate(_SHAPE_COLUMNS):
+            values = [row[j] for row in shape_rows]
+            if name == "processor_version":
+                values = [self.processor_version if v is None else v for v in values]
+            cols[name] = pa.array(values, EVENT_SCHEMA.field(name).type).take(where)
+        cols["input_fingerprint"] = pa.array(fps, pa.string())
+        extra_cols: dict[str, list[Any]] = {}
+        with_values = [i for i in batch._extras if pending[i][4][0] is not None or pending[i][4][1] is not None]
+        with_errors = [i for i in batch._extras if pending[i][4][2] is not None]
+        if with_values:
+            field_, vkind, vjson, vsize, vdigest, vblob = ([None] * n for _ in range(6))
+            for i in with_values:
+                name, enc = pending[i][4][0], pending[i][4][1]
+                field_[i] = name
+                if enc is not None:
+                    vkind[i], vjson[i], vsize[i], vdigest[i], vblob[i] = (
+                        enc.kind,
+                        enc.json_text,
+                        enc.size,
+                        enc.digest,
+                        enc.blob,
+                    )
+            extra_cols.update(
+                field=field_,
+                value_kind=vkind,
+                value_json=vjson,
+                value_size=vsize,
+                value_digest=vdigest,
+                value_blob=vblob,
+            )
+        if with_errors:
+            etype, emsg, etb = ([None] * n for _ in range(3))
+            for i in with_errors:
+                etype[i], emsg[i], etb[i] = pending[i][4][2]
+            extra_cols.update(error_type=etype, error_message=emsg, error_traceback=etb)
+        for name in _EXTRA_COLUMNS:
+            typ = EVENT_SCHEMA.field(name).type
+            filled = extra_cols.get(name)
+            cols[name] = pa.nulls(n, typ) if filled is None else pa.array(filled, typ)
+        # Per-writer constants are repeated, not built per event.
+        cols["writer_id"] = pa.repeat(pa.scalar(self.writer_id, pa.string()), n)
+        cols["writer_epoch"] = pa.array(np.full(n, self.epoch, np.int64))
+        af = self.airflow
+        for key, typ in _AIRFLOW_COLUMNS.items():
+            value = af.get(key)
+            cols[key] = pa.nulls(n, typ) if value is None else pa.repeat(pa.scalar(value, typ), n)
+        now_us = np.datetime64(dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), "us")
+        cols["created_at"] = pa.array(np.full(n, now_us), pa.timestamp("us", tz="UTC"))
+        return pa.Table.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
 
 
-#: Columns filled per event by LogWriter.commit, in the order of its row tuples.
-_ROW_COLUMNS = (
-    "event_id",
-    "event_key",
-    "item_id",
-    "root_item_id",
-    "parent_item_id",
-    "item_seq",
-    "event_type",
-    "status",
-    "step_kind",
-    "step",
-    "enclosing_step",
-    "selector_step",
-    "iteration",
-    "fanout_index",
-    "field",
-    "value_kind",
-    "value_json",
-    "value_size",
-    "value_digest",
-    "value_blob",
-    "input_fingerprint",
-    "processor_version",
-    "error_type",
-    "error_message",
-    "error_traceback",
-)
 _AIRFLOW_COLUMNS = {
     "dag_id": pa.string(),
     "run_id": pa.string(),

@@ -16,6 +16,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from airflow_provider_datagen.core.events import BlobRef, StepCoord, encode_valu
 from airflow_provider_datagen.core.fold import ItemState, fold_events
 from airflow_provider_datagen.core.ids import child_item_id
 from airflow_provider_datagen.core.planner import ResumePlan, as_source, classify
-from airflow_provider_datagen.core.schema import FANOUT_KINDS, ItemStatus, StepKind
+from airflow_provider_datagen.core.schema import FANOUT_KINDS, EventType, ItemStatus, StepKind
 from airflow_provider_datagen.core.steps import (
     Branch,
     Conditional,
@@ -50,6 +51,9 @@ DEFAULT_GROUP_SECONDS = 2.0
 #: Inbox pulls are at least this large, so per-item acks cost about one commit per item.
 MIN_PULL = 64
 _STATE_CHUNK = 1000
+_COMPLETED = ItemStatus.COMPLETED.value
+_FILTERED = ItemStatus.FILTERED.value
+_STEP_COMPLETED = EventType.STEP_COMPLETED.value
 
 
 class ItemFailedError(DatagenError):
@@ -121,7 +125,10 @@ class ItemContext:
         self.step = coord.step
         self.iteration = coord.iteration
         self._coord = coord
+        # Copied on the first write only: most steps set no new field, and a failed step's modes
+        # must not leak into the item's.
         self._modes = modes
+        self._own_modes = False
         self._ops: list[tuple[str, str, Any]] = []
         self._filtered: tuple[bool, Any] = (False, None)
         self._emissions: dict[str, int] = {}
@@ -133,7 +140,11 @@ class ItemContext:
                 f"item {self.item_id!r}: field {name!r} is written with {prev} and cannot take {mode}; "
                 "use ctx.set or ctx.append consistently for one field"
             )
-        self._modes[name] = mode
+        if prev is None:
+            if not self._own_modes:
+                self._modes = dict(self._modes)
+                self._own_modes = True
+            self._modes[name] = mode
 
     def set(self, name: str, value: Any) -> None:
         """Set a field (FIELD_SET), checkpointed with this step."""
@@ -182,7 +193,7 @@ class ItemContext:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     """One item (root or fan-out child) being driven through its pipeline in this run."""
 
@@ -196,8 +207,9 @@ class _Item:
     modes: dict[str, str] = field(default_factory=dict)
     completed: set[tuple[Any, ...]] = field(default_factory=set)
     open: set[tuple[Any, ...]] = field(default_factory=set)
-    #: recorded frames as (enclosing_step, step) pairs: which branch a selector took before a crash.
-    frames: set[tuple[str | None, str | None]] = field(default_factory=set)
+    #: recorded frames as (enclosing_step, step) pairs: which branch a selector took before a crash
+    #: (only read during a run: a fresh item shares the empty one)
+    frames: AbstractSet[tuple[str | None, str | None]] = frozenset()
     attempt: int = 1
 
     @classmethod
@@ -263,6 +275,9 @@ class _Runner:
         self._names: dict[int, set[str]] = {}
         #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out).
         self._known_children: set[str] = set()
+        #: (step, enclosing, iteration, selector) -> (coordinates, frame key, path, STEP_COMPLETED shape):
+        #: the same for every item, so built once instead of per step and item.
+        self._coords: dict[tuple[int, str | None, int | None, str | None], tuple[StepCoord, Any, str, Any]] = {}
 
     def _new_batch(self) -> Batch:
         from airflow_provider_datagen.core.log import Batch
@@ -282,7 +297,7 @@ class _Runner:
         self.last_flush = time.monotonic()
 
     def maybe_flush(self, *, boundary: bool = False) -> None:
-        if not len(self.batch):
+        if not self.batch._pending:
             return
         if (
             self.acked >= self.group
@@ -297,8 +312,7 @@ class _Runner:
             return
         self.flush()
         inbox = self._new_batch()
-        for src, _ in items:
-            inbox.item_created(src.item_id, input_fingerprint=src.fingerprint, processor_version=self.pv)
+        inbox._created_many([src.item_id for src, _ in items], [src.fingerprint for src, _ in items], self.pv)
         self.report.events += self.writer.commit(inbox)
         self.report.commits += 1
 
@@ -306,7 +320,8 @@ class _Runner:
 
     def run_root(self, src: SourceItem, state: ItemState | None, replayed: bool, *, history: bool = False) -> None:
         children: dict[str, ItemState] = {}
-        self._known_children.clear()
+        if self.has_fanout:
+            self._known_children.clear()
         if self.has_fanout and (history or (state is not None and state.status is ItemStatus.RUNNING)):
             # A restarted root (demoted, edited) has children in the log too: their sequences must be
             # known before the new generation appends to them.
@@ -381,7 +396,7 @@ class _Runner:
         return states
 
     def _ctx(self, item: _Item, coord: StepCoord) -> ItemContext:
-        return ItemContext(item.item_id, item.key, item.fingerprint, item.attempt, item.fields, coord, dict(item.modes))
+        return ItemContext(item.item_id, item.key, item.fingerprint, item.attempt, item.fields, coord, item.modes)
 
     def _drive(
         self,
@@ -395,20 +410,45 @@ class _Runner:
         try:
             self._run(item, step, enclosing, iteration, selector)
         except _Filtered as f:
-            return ItemStatus.FILTERED.value, f.reason
-        return ItemStatus.COMPLETED.value, None
+            return _FILTERED, f.reason
+        return _COMPLETED, None
+
+    def _coord(
+        self, step: Step, enclosing: str | None, iteration: int | None, selector: str | None
+    ) -> tuple[StepCoord, Any, str, Any]:
+        key = (id(step), enclosing, iteration, selector)
+        hit = self._coords.get(key)
+        if hit is None:
+            coord = StepCoord(step.name, type(step).kind.value, enclosing, iteration, None, selector)
+            # what Batch.step_completed would build for this coordinate on every call
+            shape = self.writer._shape(
+                _STEP_COMPLETED,
+                coord.step or "",
+                coord.step_kind,
+                coord.enclosing_step,
+                coord.iteration,
+                coord.fanout_index,
+                coord.selector_step,
+                self.pv or self.writer.processor_version,
+                None,
+            )
+            hit = (coord, coord.frame_key, f"{enclosing}/{step.name}" if enclosing else step.name, shape)
+            if len(self._coords) >= 10_000:  # long loops: keep the cache bounded
+                self._coords.clear()
+            self._coords[key] = hit
+        return hit
 
     def _run(self, item: _Item, step: Step, enclosing: str | None, iteration: int | None, selector: str | None) -> None:
-        kind = type(step).kind
-        coord = StepCoord(step.name, kind.value, enclosing, iteration, None, selector)
-        path = f"{enclosing}/{step.name}" if enclosing else step.name
-        if isinstance(step, Sequence):
-            if coord.frame_key in item.completed:
+        coord, frame, path, shape = self._coord(step, enclosing, iteration, selector)
+        if type(step) is Step:
+            self._run_leaf(item, step, coord, frame, shape)
+        elif isinstance(step, Sequence):
+            if frame in item.completed:
                 return
             self._start_frame(item, coord)
             for child in step.steps:
                 self._run(item, child, path, iteration, None)
-            self._complete(item, coord, {}, [])
+            self._complete(item, coord, {}, [], frame, shape)
         elif isinstance(step, Loop):
             self._run_loop(item, step, enclosing, selector, path)
         elif isinstance(step, (MapReduce, Branch, SubPipeline)):
@@ -439,7 +479,7 @@ class _Runner:
                 )
             self._run(item, target, enclosing, iteration, step.name)
         else:
-            self._run_leaf(item, step, coord)
+            self._run_leaf(item, step, coord, frame, shape)
 
     def _call(self, item: _Item, coord: StepCoord, fn: Callable[..., Any], *args: Any) -> Any:
         """Call a selector or fan-out callable; its error fails the item at this step's coordinates."""
@@ -479,7 +519,13 @@ class _Runner:
             item.open.add(coord.frame_key)
 
     def _complete(
-        self, item: _Item, coord: StepCoord, sets: Mapping[str, Any], ops: Iterable[tuple[str, str, Any]]
+        self,
+        item: _Item,
+        coord: StepCoord,
+        sets: Mapping[str, Any],
+        ops: Iterable[tuple[str, str, Any]],
+        frame: Any = None,
+        shape: Any = None,
     ) -> None:
         """Stage a step's field delta and its STEP_COMPLETED together (one checkpoint unit)."""
         b = self.batch
@@ -496,22 +542,27 @@ class _Runner:
             b.field_set(item.item_id, name, value, step=coord.step)
             item.fields[name] = value
             item.modes[name] = "set"
-        b.step_completed(
-            item.item_id,
-            step=coord.step or "",
-            processor_version=self.pv,
-            step_kind=coord.step_kind,
-            enclosing_step=coord.enclosing_step,
-            iteration=coord.iteration,
-            fanout_index=coord.fanout_index,
-            selector_step=coord.selector_step,
-        )
-        item.completed.add(coord.frame_key)
-        item.open.discard(coord.frame_key)
+        if shape is not None:
+            b._shaped(item.item_id, shape)
+        else:
+            b.step_completed(
+                item.item_id,
+                step=coord.step or "",
+                processor_version=self.pv,
+                step_kind=coord.step_kind,
+                enclosing_step=coord.enclosing_step,
+                iteration=coord.iteration,
+                fanout_index=coord.fanout_index,
+                selector_step=coord.selector_step,
+            )
+        if frame is None:
+            frame = coord.frame_key
+        item.completed.add(frame)
+        item.open.discard(frame)
         self.steps += 1
 
-    def _run_leaf(self, item: _Item, step: Step, coord: StepCoord) -> None:
-        if coord.frame_key in item.completed:
+    def _run_leaf(self, item: _Item, step: Step, coord: StepCoord, frame: Any, shape: Any) -> None:
+        if frame in item.completed:
             return
         # checkpoint_every=1: completed steps become durable before the next step runs. Checking here
         # rather than after each step keeps an item's last step, its TERMINAL and its field deltas in
@@ -529,7 +580,7 @@ class _Runner:
             raise _StepFailure(item.item_id, coord, exc) from exc
         except BaseException as exc:
             raise _StepFailure(item.item_id, coord, exc) from exc
-        self._complete(item, coord, sets, ctx._ops)
+        self._complete(item, coord, sets, ctx._ops, frame, shape)
         if ctx._filtered[0]:
             raise _Filtered(ctx._filtered[1])
 
@@ -724,8 +775,7 @@ def run_items(
         restart = [*plan.demoted, *plan.invalidated, *plan.fresh]
         replayed_restarts = set(plan.demoted)
         for chunk in _pulls(restart, max(runner.group, MIN_PULL), checkpoint_interval):
-            for iid in chunk:
-                writer.prime(iid, last_seq=plan.last_seq.get(iid, -1))
+            writer._prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
             runner.pull([(by_id[iid], None) for iid in chunk])
             for iid in chunk:
                 runner.run_root(by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq)

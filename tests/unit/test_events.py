@@ -336,3 +336,53 @@ def test_bytes_and_large_json_rows(tmp_path: Path) -> None:
     assert large["value_size"] == len(large["value_blob"])
     assert raw["value_json"] is None and raw["value_kind"] == VALUE_KIND_BYTES
     assert raw["value_blob"] == b"\x00\x01"
+
+
+def _rich(b: Batch) -> None:
+    _lifecycle(b)
+    b.item_created("5/fan:0", input_fingerprint="f2", step="fan", step_kind="MapReduce", fanout_index=0)
+    b.item_created("7", input_fingerprint="f3", parent_item_id="elsewhere", processor_version="v9")
+    b.step_started("7", step="lp", step_kind="Loop", enclosing_step="a/b", iteration=2, selector_step="sel")
+    b.field_set("7", "blob", b"\x00\x01")
+    b.step_completed("7", step="lp", step_kind="Loop", enclosing_step="a/b", iteration=2, selector_step="sel")
+    b.terminal("7", status="filtered", reason={"why": "short"})
+    b.terminal("5/fan:0")
+
+
+def test_writer_ids_are_event_id_for_of_the_stored_columns(tmp_path: Path) -> None:
+    # The writer hashes precomputed id parts in bulk; the ids must stay those of event_id_for, which
+    # is what retried batches and existing logs were written with.
+    rows = _rows(tmp_path, _rich, processor_version="pv")
+    sequenced = ("ITEM_CREATED", "STEP_COMPLETED")
+    for r in rows:
+        value = f"{r['value_kind']}:{r['value_digest']}" if r["value_kind"] is not None else None
+        parts = (
+            r["input_fingerprint"],
+            r["processor_version"] if r["event_type"] in sequenced else None,
+            r["status"],
+            r["step_kind"],
+            r["step"],
+            r["enclosing_step"],
+            r["selector_step"],
+            r["iteration"],
+            r["fanout_index"],
+            r["field"],
+            value,
+            r["error_type"],
+            r["error_message"],
+        )
+        assert r["event_id"] == event_id_for(r["item_id"], r["item_seq"], r["event_type"], *parts)
+        assert r["event_key"] == event_key_of(r["event_id"])
+    created = {r["item_id"]: r for r in rows if r["event_type"] == "ITEM_CREATED"}
+    assert created["5/fan:0"]["parent_item_id"] == "5" and created["5/fan:0"]["root_item_id"] == "5"
+    assert created["7"]["parent_item_id"] == "elsewhere" and created["5"]["parent_item_id"] is None
+    assert {r["processor_version"] for r in rows if r["item_id"] == "7"} == {"v9", "pv"}
+
+
+def test_writer_ids_hash_the_text_of_str_subclasses(tmp_path: Path) -> None:
+    class Shouty(str):
+        def __str__(self) -> str:
+            return self.upper()
+
+    plain = _ids(tmp_path, lambda b: b.item_created("abc", input_fingerprint="fp"))
+    assert _ids(tmp_path, lambda b: b.item_created(Shouty("abc"), input_fingerprint=Shouty("fp"))) == plain
