@@ -385,7 +385,8 @@ def fold_aligned(
     """:func:`fold_table`, plus for each of ``ids`` (unique) its row in the result, or -1 without events.
 
     The planner's form: it folds and matches the source's ids in one hashing pass. ``codes`` is
-    ``item_codes(events["item_id"], ids)`` when the caller computed it already (while scanning).
+    ``item_codes(events["item_id"], ids)`` when the caller computed it already (while scanning);
+    ``events`` then needs no ``item_id`` column.
     """
     table, codes_of_rows = _fold(events, ids, codes)
     return table, _index_of(codes_of_rows, len(ids))
