@@ -25,7 +25,7 @@ from airflow_provider_datagen.core.events import Event, StepCoord
 from airflow_provider_datagen.core.schema import EventType, ItemStatus
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
 VIOLATION_CONFLICT = "conflict"
 VIOLATION_STALE_EPOCH = "stale_epoch"
@@ -380,15 +380,21 @@ def fold_table(events: pa.Table) -> pa.Table:
 
 
 def fold_aligned(
-    events: pa.Table, ids: pa.Array, *, codes: tuple[np.ndarray, pa.Array] | None = None
+    events: pa.Table,
+    ids: pa.Array,
+    *,
+    codes: tuple[np.ndarray, pa.Array] | None = None,
+    late: Callable[[], pa.Table] | None = None,
 ) -> tuple[pa.Table, np.ndarray]:
     """:func:`fold_table`, plus for each of ``ids`` (unique) its row in the result, or -1 without events.
 
     The planner's form: it folds and matches the source's ids in one hashing pass. ``codes`` is
     ``item_codes(events["item_id"], ids)`` when the caller computed it already (while scanning);
-    ``events`` then needs no ``item_id`` column.
+    ``events`` then needs no ``item_id`` column. ``late`` returns the same rows' ``status``,
+    ``input_fingerprint`` and ``processor_version`` (then absent from ``events``): the fold asks for
+    them only once it knows which rows it needs, so the caller can still be reading them.
     """
-    table, codes_of_rows = _fold(events, ids, codes)
+    table, codes_of_rows = _fold(events, ids, codes, late)
     return table, _index_of(codes_of_rows, len(ids))
 
 
@@ -400,7 +406,10 @@ def _index_of(codes: np.ndarray, n: int) -> np.ndarray:
 
 
 def _fold(
-    events: pa.Table, ids: pa.Array | None, codes: tuple[np.ndarray, pa.Array] | None = None
+    events: pa.Table,
+    ids: pa.Array | None,
+    codes: tuple[np.ndarray, pa.Array] | None = None,
+    late: Callable[[], pa.Table] | None = None,
 ) -> tuple[pa.Table, np.ndarray]:
     """The vectorized fold; returns the state table and each state row's item code."""
     n = events.num_rows
@@ -515,16 +524,18 @@ def _fold(
     del c_at, c_item, t_at, t_item, f_at, f_item
 
     terminated = has_created & (first_term < big)
+    strings = events if late is None else late()
     # The stored status of each item's first TERMINAL; the others are running or never started.
     status = pc.coalesce(
-        _gather(events["status"], rows[np.where(terminated, first_term, 0)], terminated),
+        _gather(strings["status"], rows[np.where(terminated, first_term, 0)], terminated),
         pc.if_else(pa.array(has_created), ItemStatus.RUNNING.value, ItemStatus.NEVER_STARTED.value).cast(pa.string()),
     )
 
     # A null index takes a null: items without ITEM_CREATED get no fingerprint in the same pass.
     created_rows = rows[np.where(has_created, last_created, 0)]
-    fp = _gather(events["input_fingerprint"], created_rows, has_created)
-    pv = _gather(events["processor_version"], created_rows, has_created)
+    fp = _gather(strings["input_fingerprint"], created_rows, has_created)
+    pv = _gather(strings["processor_version"], created_rows, has_created)
+    del strings
     cseq = pa.array(np.where(has_created, seq[created_rows], 0), mask=~has_created)
 
     table = pa.table(

@@ -1329,26 +1329,40 @@ class CheckpointLog:
     def _fold_for(self, ds: lance.LanceDataset, ids: pa.Array | Sequence[str]) -> tuple[pa.Table, np.ndarray]:
         """Fold the whole log for the planner, matching item ids to ``ids`` while the rest is read.
 
-        Hashing the ids is a third of the fold and needs only the ``item_id`` column; the scan keeps
-        about one core busy and both release the GIL, so the ids are read and hashed beside the scan of
-        the other light columns. Both scans read one pinned version (``_dataset()`` may move ``ds``).
+        Hashing the ids is a third of the fold and needs only the ``item_id`` column, and the wide
+        string columns (status, fingerprint, processor version) are needed only at the fold's end, for
+        the rows it picks. Scans and kernels release the GIL and a scan keeps about one core busy, so a
+        worker reads the narrow columns, then the strings, while this thread reads and hashes the ids
+        and folds. All scans read one pinned version (``_dataset()`` may move ``ds``).
         """
         try:
             pinned = ds.checkout_version(int(ds.version))
         except (OSError, ValueError, RuntimeError) as exc:
             raise self._translate(exc, "reading the log") from None
+        late_columns = ["status", "input_fingerprint", "processor_version"]
+        early_columns = [c for c in LIGHT_COLUMNS if c not in late_columns and c != "item_id"]
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            reading = pool.submit(self._scan_ds, pinned, [c for c in LIGHT_COLUMNS if c != "item_id"], None)
+            # one worker, so the narrow columns arrive first and the wide ones while the fold runs
+            narrow = pool.submit(self._scan_ds, pinned, early_columns, None)
+            reading = pool.submit(self._scan_ds, pinned, late_columns, None)
             id_col = self._scan_ds(pinned, ["item_id"], None)["item_id"]
-            wanted = _id_array(ids)  # a source's Python ids are converted while the scan runs
+            wanted = _id_array(ids)  # a source's Python ids are converted while the scans run
             codes = item_codes(id_col, wanted)
-            rest = reading.result()
-        if rest.num_rows != len(id_col):  # cannot happen at one version; never fold misaligned rows
-            return fold_aligned(self._scan_ds(pinned, LIGHT_COLUMNS, None), wanted)
-        # The codes stand for the ids: dropping the id strings (and the checked schema_version) frees
-        # about 100 MB per 5M events before the fold allocates its own arrays.
-        del id_col
-        return fold_aligned(rest.drop_columns(["schema_version"]), wanted, codes=codes)
+            early = narrow.result()
+            n = len(id_col)
+            # The codes stand for the ids: dropping the id strings (and the checked schema_version)
+            # frees about 100 MB per 5M events before the fold allocates its own arrays.
+            del id_col
+
+            def late() -> pa.Table:
+                table = reading.result()
+                if table.num_rows != n:  # one pinned version cannot differ; never fold misaligned rows
+                    raise LogCorruptedError(f"reading {self.uri}: two scans of version {pinned.version} differ")
+                return table
+
+            if early.num_rows != n:
+                return fold_aligned(self._scan_ds(pinned, LIGHT_COLUMNS, None), wanted)
+            return fold_aligned(early.drop_columns(["schema_version"]), wanted, codes=codes, late=late)
 
     def _scan_ds(self, ds: lance.LanceDataset, columns: Sequence[str], filter: Any) -> pa.Table:
         cols = list(dict.fromkeys([*columns, "schema_version"]))

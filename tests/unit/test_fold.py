@@ -609,7 +609,14 @@ def test_aligned_fold_equals_reference_fold_and_indexes_the_given_ids(
     events = flat(batches)
     if by_item:  # long runs of one item, as an ack commit writes them: the run-head path of the encoder
         events = sorted(events, key=lambda e: e.item_id)
-    table, index = fold_aligned(to_table(events, chunks), pa.array(ids, pa.string()))
+    light = to_table(events, chunks)
+    wide = ["status", "input_fingerprint", "processor_version"]
+    if chunks == 2:  # the planner's form: wide string columns handed over late, by a callable
+        table, index = fold_aligned(
+            light.drop_columns(wide), pa.array(ids, pa.string()), late=lambda: light.select(wide)
+        )
+    else:
+        table, index = fold_aligned(light, pa.array(ids, pa.string()))
     assert sorted(table.to_pylist(), key=lambda r: r["item_id"]) == reference_rows(events)
     present = {e.item_id for e in events}
     assert len(index) == len(ids)
