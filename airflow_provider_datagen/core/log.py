@@ -533,7 +533,7 @@ class LogWriter:
         if iteration is not None or fanout_index is not None:
             # checked on every call: True == 1 would otherwise hit the cached shape of iteration 1
             for what, val in (("iteration", iteration), ("fanout_index", fanout_index)):
-                if val is not None and (type(val) is not int or val < 0):
+                if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
                     raise InvalidEventError(f"{what} must be a non-negative int, got {val!r}")
         key = (
             event_type,

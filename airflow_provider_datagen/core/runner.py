@@ -306,6 +306,14 @@ class _Runner:
         ):
             self.flush()
 
+    def _flush_due(self) -> bool:
+        """:meth:`maybe_flush` at a step boundary, as a test: the per-item hot paths call it twice."""
+        return bool(self.batch._pending) and (
+            self.acked >= self.group
+            or (self.per_step and self.steps > 0)
+            or time.monotonic() - self.last_flush >= self.interval
+        )
+
     def pull(self, items: list[tuple[SourceItem, ItemState | None]]) -> None:
         """The inbox: one commit of ITEM_CREATED rows before any of these items is processed."""
         if not items:
@@ -337,7 +345,8 @@ class _Runner:
         self.batch.terminal(item.item_id, status=status, reason=reason)
         self.acked += 1
         self.report.processed.append(item.item_id)
-        self.maybe_flush(boundary=True)
+        if self._flush_due():
+            self.flush()
 
     def _on_failure(self, item: _Item, exc: BaseException) -> None:
         err = exc.__cause__ if isinstance(exc, _StepFailure) and exc.__cause__ is not None else exc
@@ -567,7 +576,8 @@ class _Runner:
         # checkpoint_every=1: completed steps become durable before the next step runs. Checking here
         # rather than after each step keeps an item's last step, its TERMINAL and its field deltas in
         # one commit (the ack), as the contract says.
-        self.maybe_flush(boundary=True)
+        if self._flush_due():
+            self.flush()
         ctx = self._ctx(item, coord)
         self.report.invocations += 1
         try:
