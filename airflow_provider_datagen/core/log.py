@@ -1400,15 +1400,23 @@ class CheckpointLog:
             return None
         return table.replace_schema_metadata(None), pversion
 
-    def _write_projection(self, ds: lance.LanceDataset) -> int:
-        """Fold the log at ``ds``'s version and store the result as the state projection."""
+    def _write_projection(self, ds: lance.LanceDataset, cleanup_older_than: dt.timedelta) -> int:
+        """Fold the log at ``ds``'s version and store the result as the state projection.
+
+        Each write is an overwrite, a new version of ``state.lance``; old versions are removed on the
+        log's own retention, else every maintenance would leave a full copy behind. A reader that loses
+        its version to the cleanup just folds the log (the projection is disposable).
+        """
         version = int(ds.version)
         table = fold_table(self._scan_ds(ds, LIGHT_COLUMNS, None))
         table = table.replace_schema_metadata(
             {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
         )
         try:
-            lance.write_dataset(table, self.projection_uri, mode="overwrite", storage_options=self.storage_options)
+            written = lance.write_dataset(
+                table, self.projection_uri, mode="overwrite", storage_options=self.storage_options
+            )
+            written.cleanup_old_versions(older_than=cleanup_older_than)
         except (OSError, ValueError, RuntimeError) as exc:
             log.warning("could not write the state projection of %s: %s", self.uri, str(exc)[:200])
         return table.num_rows
@@ -1556,7 +1564,7 @@ class CheckpointLog:
                 raise self._translate(exc, "maintaining the log") from None
             ds = self._dataset()
             assert ds is not None
-            projected = self._write_projection(ds)
+            projected = self._write_projection(ds, cleanup_older_than)
             return {
                 "skipped": False,
                 "projected_items": projected,

@@ -491,6 +491,18 @@ def test_each_commit_fsyncs_exactly_its_new_data_file(log: CheckpointLog, monkey
         assert sum(p.endswith(".manifest") for p in synced) == 2
 
 
+def test_maintain_keeps_one_fold_cache_not_a_copy_per_run(log: CheckpointLog) -> None:
+    import datetime as dt
+
+    for i in range(3):
+        write_item(log, f"item-{i}")
+        assert log.maintain(cleanup_older_than=dt.timedelta(0))["skipped"] is False
+    cache = lance.dataset(log.projection_uri)
+    assert len(cache.versions()) == 1
+    assert cache.count_rows() == 3
+    assert log.summary()["completed"] == 3
+
+
 # --- idempotency and fencing -----------------------------------------------------------------
 
 
