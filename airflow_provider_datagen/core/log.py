@@ -268,6 +268,16 @@ class Batch:
             return item_id
         return _exact(_check_item_id(item_id))
 
+    def _extend(self, other: Batch) -> None:
+        """Append ``other``'s events after this batch's (the runner's per-item buffers under concurrency).
+
+        Safe because sequence numbers and event ids are assigned at :meth:`LogWriter.commit`, per item in
+        batch order: an item's events keep their relative order, so its ids are those of a sequential run.
+        """
+        base = len(self._pending)
+        self._pending.extend(other._pending)
+        self._extras.extend([i + base for i in other._extras])
+
     def item_created(
         self,
         item_id: str,

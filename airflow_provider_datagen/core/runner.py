@@ -15,7 +15,7 @@ import gc
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -40,6 +40,8 @@ from airflow_provider_datagen.core.steps import (
 from airflow_provider_datagen.exceptions import DatagenError, InvalidEventError, ProcessError
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from airflow_provider_datagen.core.log import Batch, CheckpointLog, LogWriter
     from airflow_provider_datagen.core.sources import SourceItem
 
@@ -347,6 +349,84 @@ class _Runner:
         self.report.processed.append(item.item_id)
         if self._flush_due():
             self.flush()
+
+    # --- in-chunk concurrency --------------------------------------------------------------------
+
+    def run_concurrent(
+        self,
+        pool: ThreadPoolExecutor,
+        concurrency: int,
+        jobs: list[tuple[SourceItem, bool]],
+        tick: Callable[[], None],
+    ) -> None:
+        """:meth:`run_root` for ``jobs`` (source item, replayed), up to ``concurrency`` at a time.
+
+        Workers only drive an item into a private buffer; this (main) thread stays the only writer: it
+        merges a finished item's buffer into the shared batch and acknowledges it exactly as
+        :meth:`run_root` does, then flushes, reports progress and submits the next item. An item whose
+        buffer was never merged has only its ITEM_CREATED in the log, so it replays on the next run.
+        """
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        todo: Iterator[tuple[SourceItem, bool]] = iter(jobs)
+        inflight: dict[Future[tuple[tuple[str, Any] | None, BaseException | None]], tuple[_ItemWorker, _Item]] = {}
+        order: dict[str, int] = {}
+        stopped: ItemFailedError | None = None
+        waiting = False
+        try:
+            while True:
+                while stopped is None and len(inflight) < concurrency:
+                    job = next(todo, None)
+                    if job is None:
+                        break
+                    src, replayed = job
+                    item = _Item.start(src.item_id, src.key, src.data, src.fingerprint, None, {})
+                    if replayed:
+                        self.report.replayed.append(src.item_id)
+                    worker = _ItemWorker.for_item(self)
+                    order[item.item_id] = len(order)
+                    inflight[pool.submit(worker.work, item)] = (worker, item)
+                if not inflight:
+                    break
+                waiting = True
+                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                waiting = False
+                # several can finish together: acknowledge them in submission order, not set order
+                for fut in sorted(done, key=lambda f: order[inflight[f][1].item_id]):
+                    worker, item = inflight.pop(fut)
+                    outcome, exc = fut.result()  # work() returns every exception of the item's own
+                    self.batch._extend(worker.batch)
+                    self.report.invocations += worker.report.invocations
+                    self.steps += worker.steps
+                    if exc is None:
+                        assert outcome is not None
+                        # the tail of run_root, kept in step with it
+                        self.batch.terminal(item.item_id, status=outcome[0], reason=outcome[1])
+                        self.acked += 1
+                        self.report.processed.append(item.item_id)
+                        if self._flush_due():
+                            self.flush()
+                    else:
+                        try:
+                            self._on_failure(item, exc)
+                        except ItemFailedError as err:
+                            # fail_fast: submit nothing more, but acknowledge what is already running
+                            # (its work is paid for) before raising the first failure, as sequential does
+                            if stopped is None:
+                                stopped = err
+                    tick()
+        except BaseException:
+            # A run-ending error (a reraise type, an interrupt, a fencing error): items still in flight
+            # are not acknowledged (they replay next run); their threads finish into buffers nobody reads
+            # (the caller shuts the pool down without waiting).
+            if waiting:
+                # it arrived between items (an orchestrator's timeout lands in the main thread): the
+                # batch holds whole acknowledgements only, so keep them, as run_root's handler does
+                self.flush()
+            raise
+        if stopped is not None:
+            self.flush()
+            raise stopped
 
     def _on_failure(self, item: _Item, exc: BaseException) -> None:
         err = exc.__cause__ if isinstance(exc, _StepFailure) and exc.__cause__ is not None else exc
@@ -703,6 +783,39 @@ class _StepFailure(Exception):
         self.__cause__ = exc
 
 
+class _ItemWorker(_Runner):
+    """One item's driver on a worker thread: the runner's config and caches, its own batch and report.
+
+    Shared caches are safe under the GIL: ``_coords``/``_names`` and the writer's shape caches only
+    ever get a key set to an equal value (or cleared), and the writer's item table is only read here
+    (its ids were primed before the pull; the main thread's commits replace values, never remove keys).
+    Fan-out pipelines never get here: they prime the writer and look up children per item.
+    """
+
+    @classmethod
+    def for_item(cls, runner: _Runner) -> _ItemWorker:
+        worker = cls.__new__(cls)
+        worker.__dict__.update(runner.__dict__)
+        worker.report = RunReport()
+        worker.batch = runner._new_batch()
+        worker.steps = 0
+        return worker
+
+    def work(self, item: _Item) -> tuple[tuple[str, Any] | None, BaseException | None]:
+        """Drive the item; the outcome or the exception, for the main thread to acknowledge."""
+        try:
+            return self._drive(item, self.pipeline, None, None, None), None
+        except BaseException as exc:
+            return None, exc
+
+    def _flush_due(self) -> bool:
+        # a private buffer never flushes: only the main thread commits, after the item is done
+        return False
+
+    def flush(self) -> None:
+        raise AssertionError("a worker never commits")
+
+
 def _has_fanout(step: Step) -> bool:
     return type(step).kind in FANOUT_KINDS or any(_has_fanout(c) for c in step.children())
 
@@ -722,6 +835,7 @@ def run_items(
     airflow: dict[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
     reraise: tuple[type[BaseException], ...] = (),
+    concurrency: int = 1,
 ) -> RunReport:
     """Process every pending item of ``items`` and record it in ``log``; touch nothing that is done.
 
@@ -729,6 +843,12 @@ def run_items(
     boundary); None (the default) is group commit: :data:`DEFAULT_GROUP_ITEMS` items or
     ``checkpoint_interval`` seconds, whichever comes first. ``reraise`` lists exception types that must
     end the run instead of failing one item (an orchestrator's timeout, say).
+
+    ``concurrency=N`` (N > 1) runs the per-item work of fresh and restarted items in N threads, so
+    I/O-bound calls that release the GIL (model or HTTP calls) overlap; the user's code must then be
+    thread-safe. Results are the same as with ``concurrency=1``: one thread still does every write and
+    commit, acknowledging items as they finish. Inbox replays stay sequential (a few items resuming
+    mid-cursor); fan-out pipelines and ``checkpoint_every=1`` are refused with it.
     """
     if checkpoint_every is not None and (
         isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1
@@ -736,7 +856,19 @@ def run_items(
         raise InvalidEventError(f"checkpoint_every must be a positive int or None, got {checkpoint_every!r}")
     if not isinstance(processor_version, str) or not processor_version:
         raise InvalidEventError(f"processor_version must be a non-empty string, got {processor_version!r}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise InvalidEventError(f"concurrency must be an int >= 1 (1 runs items one at a time), got {concurrency!r}")
+    if concurrency > 1 and checkpoint_every == 1:
+        raise InvalidEventError(
+            "checkpoint_every=1 commits every step boundary; use group commit or checkpoint_every>1 with "
+            f"concurrency (got concurrency={concurrency})"
+        )
     pipeline = as_pipeline(process_or_pipeline)
+    if concurrency > 1 and _has_fanout(pipeline):
+        raise InvalidEventError(
+            "a pipeline with fan-out steps (MapReduce, Branch, SubPipeline) runs items one at a time; "
+            f"use concurrency=1 with it (got concurrency={concurrency})"
+        )
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
     states = log.states()
@@ -784,16 +916,46 @@ def run_items(
         # 2. Restarts (demoted cursors, edited inputs) and fresh items: pulled into the inbox first.
         restart = [*plan.demoted, *plan.invalidated, *plan.fresh]
         replayed_restarts = set(plan.demoted)
-        for chunk in _pulls(restart, max(runner.group, MIN_PULL), checkpoint_interval):
-            writer._prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
-            runner.pull([(by_id[iid], None) for iid in chunk])
-            for iid in chunk:
-                runner.run_root(by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq)
-                tick()
+        if concurrency > 1 and restart:
+            _run_pulls_concurrently(runner, writer, restart, by_id, plan, concurrency, tick)
+        else:
+            for chunk in _pulls(restart, max(runner.group, MIN_PULL), checkpoint_interval):
+                writer._prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
+                runner.pull([(by_id[iid], None) for iid in chunk])
+                for iid in chunk:
+                    runner.run_root(by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq)
+                    tick()
         runner.flush()
     finally:
         gc.unfreeze()
     return report
+
+
+def _run_pulls_concurrently(
+    runner: _Runner,
+    writer: LogWriter,
+    restart: list[str],
+    by_id: dict[str, SourceItem],
+    plan: ResumePlan,
+    concurrency: int,
+    tick: Callable[[], None],
+) -> None:
+    """Phase 2 of :func:`run_items` with ``concurrency > 1``: the same pulls, each run by a thread pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    replayed_restarts = set(plan.demoted)
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="datagen-item")
+    try:
+        for chunk in _pulls(restart, max(runner.group, MIN_PULL), runner.interval):
+            writer._prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
+            runner.pull([(by_id[iid], None) for iid in chunk])
+            # Each pull is drained before the next, so an inbox commit always precedes its items' work.
+            runner.run_concurrent(pool, concurrency, [(by_id[iid], iid in replayed_restarts) for iid in chunk], tick)
+    except BaseException:
+        # in-flight items are not acknowledged (they replay next run); their threads end on their own
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _chunks(seq: list[str], n: int) -> Iterable[list[str]]:

@@ -312,6 +312,9 @@ class DatagenMapOperator(_DatagenBase):
     :param key_field: the key field of ``source`` when used without a plan.
     :param fail_fast: stop at the first failing item instead of recording it and going on.
     :param progress_interval: seconds between progress lines in the task log.
+    :param concurrency: items processed at once in threads, for I/O-bound ``process`` functions (model
+        or HTTP calls); ``process`` must then be thread-safe. ``1`` (the default) runs items one at a
+        time; more is refused with ``checkpoint_every=1`` and with fan-out pipelines.
     :param datagen_conn_id: connection of type ``datagen``.
     """
 
@@ -331,6 +334,7 @@ class DatagenMapOperator(_DatagenBase):
         key_field: str = "id",
         fail_fast: bool = False,
         progress_interval: float = 5.0,
+        concurrency: int = 1,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -364,6 +368,12 @@ class DatagenMapOperator(_DatagenBase):
         self.key_field = key_field
         self.fail_fast = bool(fail_fast)
         self.progress_interval = float(progress_interval)
+        self.concurrency = _check_positive(concurrency, "concurrency")
+        if self.concurrency > 1 and self.checkpoint_every == 1:
+            raise ConfigurationError(
+                "checkpoint_every=1 commits every step boundary; use group commit or checkpoint_every>1 with "
+                f"concurrency={self.concurrency}"
+            )
 
     @property
     def chunk_label(self) -> str:
@@ -422,6 +432,7 @@ class DatagenMapOperator(_DatagenBase):
             airflow=coords,
             progress=_Progress(self.log, self.progress_interval),
             reraise=(AirflowTaskTimeout,),
+            concurrency=self.concurrency,
         )
         result = report.as_dict()
         self.log.info("chunk done: %s (%d commits, %d events)", result, report.commits, report.events)

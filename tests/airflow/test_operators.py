@@ -39,7 +39,7 @@ with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), ca
                                source={source!r}, key_field="id", chunk_size={chunk}, processor_version="v1")
     gen = DatagenMapOperator.partial(task_id="generate", pipeline="ops", experiment={map_experiment!r},
                                      process={process!r}, processor_version="v1",
-                                     checkpoint_every=2).expand_kwargs(plan.output)
+                                     checkpoint_every=2{map_extra}).expand_kwargs(plan.output)
     export = DatagenExportOperator(task_id="export", pipeline="ops", experiment={experiment!r},
                                    destination={destination!r}, trigger_rule="none_failed")
     maintain = DatagenMaintenanceOperator(task_id="maintain", pipeline="ops", experiment={experiment!r})
@@ -60,9 +60,11 @@ def _dag(
     map_experiment: str | None = None,
     process: str = "tests.airflow.procs:fail_3_and_7_once",
     chunk: int = 5,
+    map_extra: str = "",
 ) -> str:
     return textwrap.dedent(
         DAG_TEMPLATE.format(
+            map_extra=map_extra,
             dag_id=dag_id,
             experiment=experiment,
             map_experiment=map_experiment or experiment,
@@ -182,6 +184,46 @@ def test_interrupted_history_exports_the_uninterrupted_fingerprint(
     assert flaky.xcom("export")["rows"] == clean.xcom("export")["rows"] == 10
 
 
+def test_map_operator_with_concurrency_processes_every_item_once(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    dag = _dag(
+        "ops_conc",
+        tmp_path,
+        source=_items(12),
+        experiment="conc",
+        process="tests.airflow.procs:always_ok",
+        chunk=6,
+        map_extra=", concurrency=4",
+    )
+    run = run_dag_file(dag, "ops_conc")
+    assert run.state == "success"
+    assert _calls(calls) == collections.Counter({str(i): 1 for i in range(12)})
+    for map_index in (0, 1):
+        assert run.xcom("generate", map_index=map_index) == {
+            "processed": 6,
+            "skipped": 0,
+            "replayed": 0,
+            "failed": 0,
+            "invocations": 6,
+        }
+    statuses = run.xcoms("generate", key="datagen_status")
+    assert sorted(statuses) == [0, 1]
+    for status in statuses.values():
+        assert set(STATUS_KEYS) <= set(status)
+        # each chunk acknowledged all its items before its status was taken: nothing left in flight
+        assert status["running"] == status["failed_items"] == 0 and status["completed"] >= 6
+    assert max(s["completed"] for s in statuses.values()) == 12
+    assert run.xcom("export")["rows"] == 12
+    clean = run_dag_file(
+        _dag(
+            "ops_conc_seq", tmp_path, source=_items(12), experiment="concseq", process="tests.airflow.procs:always_ok"
+        ),
+        "ops_conc_seq",
+    )
+    assert clean.xcom("export")["fingerprint"] == run.xcom("export")["fingerprint"]
+
+
 def test_mismatching_experiment_between_plan_and_map_fails_before_writing(
     run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
 ) -> None:
@@ -219,6 +261,14 @@ def test_map_and_export_operators_reject_bad_arguments() -> None:
         DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print, source=[], checkpoint_every=0)
     with pytest.raises(ConfigurationError, match="chunk"):
         DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print)
+    for bad in (0, -1, True, "4", 2.0):
+        with pytest.raises(ConfigurationError, match="concurrency must be a positive int"):
+            DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print, source=[], concurrency=bad)
+    with pytest.raises(ConfigurationError, match="checkpoint_every=1 commits every step boundary"):
+        DatagenMapOperator(
+            task_id="m", pipeline="ops", experiment="e", process=print, source=[], checkpoint_every=1, concurrency=2
+        )
+    assert DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print, source=[]).concurrency == 1
     with pytest.raises(ConfigurationError, match="relative"):
         DatagenExportOperator(task_id="x", pipeline="ops", experiment="e", destination="out.lance")
 

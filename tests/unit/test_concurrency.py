@@ -1,0 +1,207 @@
+"""In-chunk concurrency (``run_items(..., concurrency=N)``) on real Lance logs.
+
+Each test compares a threaded run with a sequential one on the same source: the folded states, the
+export fingerprint and the failure lens must be the same, every item runs exactly once, and a crash
+mid-run keeps acknowledged items and replays the rest. No timing is asserted: the sleeps only make
+items finish out of order.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from airflow_provider_datagen.core import MapReduce, Sequence, Step, run_items
+from airflow_provider_datagen.core.runner import ItemFailedError
+from airflow_provider_datagen.exceptions import InvalidEventError
+from tests.integration.helpers_engine import Crash, flat_output, make_items, open_log, results_fp, statuses
+
+N = 40
+
+
+def _sleep_for(item_id: str) -> float:
+    # seeded per item: the same "random" latency in every run, so items finish out of submission order
+    return random.Random(f"latency-{item_id}").uniform(0.0, 0.004)
+
+
+class Calls:
+    """Thread-safe invocation counter that also tracks the most calls in flight at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by_item: Counter[str] = Counter()
+        self.now = 0
+        self.max_now = 0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.max_now = max(self.max_now, self.now)
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self.now -= 1
+
+    def record(self, item_id: str) -> None:
+        with self._lock:
+            self.by_item[item_id] += 1
+
+
+def pipeline(calls: Calls, bad: frozenset[int] = frozenset(), crash_on: int | None = None) -> Sequence:
+    """Two steps per item (set, then append and sometimes filter): several events per item buffer."""
+
+    def first(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.record(ctx.item_id)
+        with calls:
+            time.sleep(_sleep_for(ctx.item_id))
+            if crash_on is not None and item["id"] == crash_on:
+                raise Crash(f"crash on item {crash_on}")
+            if item["id"] in bad:
+                raise ValueError(f"cannot handle {item['id']}")
+        return flat_output(item)
+
+    def second(item: dict[str, Any], ctx: Any) -> None:
+        with calls:
+            time.sleep(_sleep_for(ctx.item_id) / 2)
+        ctx.append("trail", f"{ctx.item_id}:{ctx.fields['score']}")
+        ctx.append("trail", ctx.idempotency_key("emit"))
+        if item["id"] % 9 == 4:
+            ctx.filter({"why": "nine"})
+
+    return Sequence("seq", [Step("first", first), Step("second", second)])
+
+
+def folded(log: Any) -> dict[str, tuple[str, dict[str, Any], int]]:
+    ids = [str(i) for i in range(N)]
+    return {iid: (st.status.value, dict(st.fields), st.failures) for iid, st in log.item_states(ids).items()}
+
+
+def test_threaded_run_folds_to_the_sequential_states_and_fingerprint(tmp_path: Any) -> None:
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    seq_calls, par_calls = Calls(), Calls()
+    seq = run_items(seq_log, make_items(N), pipeline(seq_calls))
+    par = run_items(par_log, make_items(N), pipeline(par_calls), concurrency=4)
+    assert par_calls.by_item == seq_calls.by_item == Counter({str(i): 1 for i in range(N)})
+    assert sorted(par.processed) == sorted(seq.processed) and len(par.processed) == N
+    assert par.invocations == seq.invocations == 2 * N
+    assert par.failed == [] and par.replayed == []
+    assert folded(par_log) == folded(seq_log)
+    assert statuses(par_log) == statuses(seq_log)
+    assert "filtered" in statuses(par_log).values()
+    assert results_fp(par_log) == results_fp(seq_log)
+    # a rerun finds nothing to do
+    again = Calls()
+    assert run_items(par_log, make_items(N), pipeline(again), concurrency=4, epoch=2).processed == []
+    assert not again.by_item
+
+
+def test_failures_are_recorded_as_in_a_sequential_run_and_retried_alone(tmp_path: Any) -> None:
+    bad = frozenset({3, 11, 12, 30})
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    seq = run_items(seq_log, make_items(N), pipeline(Calls(), bad))
+    par = run_items(par_log, make_items(N), pipeline(Calls(), bad), concurrency=4)
+    assert sorted(par.failed) == sorted(seq.failed) == sorted(str(i) for i in bad)
+    assert par.errors == seq.errors
+    for iid in par.failed:
+        (p,), (s,) = par_log.failures(iid), seq_log.failures(iid)
+        assert (
+            (p.error_type, p.message, p.step)
+            == (s.error_type, s.message, s.step)
+            == (
+                "ValueError",
+                f"cannot handle {iid}",
+                "first",
+            )
+        )
+    assert folded(par_log) == folded(seq_log)
+    # the rerun (threaded too) touches only the failed items
+    retry = Calls()
+    report = run_items(par_log, make_items(N), pipeline(retry), concurrency=4, epoch=2)
+    assert retry.by_item == Counter({str(i): 1 for i in bad})
+    assert sorted(report.processed) == sorted(str(i) for i in bad)
+    run_items(seq_log, make_items(N), pipeline(Calls()), epoch=2)
+    assert folded(par_log) == folded(seq_log)
+    assert results_fp(par_log) == results_fp(seq_log)
+
+
+def test_a_reraised_crash_keeps_acked_items_and_the_rest_replay(tmp_path: Any) -> None:
+    clean_log, log = open_log(tmp_path, "clean"), open_log(tmp_path, "crashy")
+    run_items(clean_log, make_items(N), pipeline(Calls()))
+    with pytest.raises(Crash, match="crash on item 25"):
+        run_items(log, make_items(N), pipeline(Calls(), crash_on=25), concurrency=4, reraise=(Crash,))
+    done = {iid for iid, st in statuses(log).items() if st in ("completed", "filtered")}
+    # the crash flushed what was acknowledged: at least every item submitted before 25 but the 3 in flight
+    assert "25" not in done and 20 <= len(done) < N
+    resumed = Calls()
+    report = run_items(log, make_items(N), pipeline(resumed), concurrency=4, epoch=2)
+    # acknowledged items are never invoked again; everything else runs exactly once more
+    assert set(resumed.by_item) == {str(i) for i in range(N)} - done
+    assert set(resumed.by_item.values()) == {1}
+    assert set(report.skipped) == done
+    assert folded(log) == {iid: (s, f, 0) for iid, (s, f, _) in folded(clean_log).items()}
+    assert results_fp(log) == results_fp(clean_log)
+
+
+def test_fail_fast_acknowledges_running_items_and_raises_the_first_failure(tmp_path: Any) -> None:
+    log = open_log(tmp_path, "ff")
+    calls = Calls()
+    with pytest.raises(ItemFailedError, match="cannot handle 5"):
+        run_items(log, make_items(N), pipeline(calls, frozenset({5})), concurrency=4, fail_fast=True)
+    st = statuses(log)
+    invoked = set(calls.by_item)
+    assert len(invoked) < N  # nothing more was submitted after the failure
+    # every item that ran is acknowledged: done, or failed with its FAILED row
+    assert {iid for iid in invoked if st[iid] == "running"} == {"5"}
+    assert len(log.failures("5")) == 1
+    rerun = Calls()
+    run_items(log, make_items(N), pipeline(rerun), concurrency=4, epoch=2)
+    assert set(rerun.by_item) == {str(i) for i in range(N)} - (invoked - {"5"})
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 4, 7])
+def test_no_more_than_concurrency_items_are_in_flight(tmp_path: Any, concurrency: int) -> None:
+    calls = Calls()
+    run_items(open_log(tmp_path, "bound"), make_items(N), pipeline(calls), concurrency=concurrency)
+    assert 1 <= calls.max_now <= concurrency
+    assert calls.by_item == Counter({str(i): 1 for i in range(N)})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"concurrency": 0}, "concurrency must be an int >= 1"),
+        ({"concurrency": -1}, "concurrency must be an int >= 1"),
+        ({"concurrency": True}, "concurrency must be an int >= 1"),
+        ({"concurrency": "4"}, "concurrency must be an int >= 1"),
+        ({"concurrency": 2.0}, "concurrency must be an int >= 1"),
+        ({"concurrency": 2, "checkpoint_every": 1}, "checkpoint_every=1 commits every step boundary"),
+    ],
+)
+def test_bad_concurrency_arguments_are_refused_before_any_write(tmp_path: Any, kwargs: Any, match: str) -> None:
+    log = open_log(tmp_path, "bad")
+    run_items(log, make_items(3), pipeline(Calls()))
+    version = log.version
+    calls = Calls()
+    with pytest.raises(InvalidEventError, match=match):
+        run_items(log, make_items(6), pipeline(calls), epoch=2, **kwargs)
+    assert log.version == version and not calls.by_item
+
+
+def test_fanout_pipelines_run_items_one_at_a_time(tmp_path: Any) -> None:
+    log = open_log(tmp_path, "fan")
+    fan = MapReduce(
+        "fan",
+        over=lambda item, ctx: [{"x": 1}, {"x": 2}],
+        map=Step("leaf", lambda item, ctx: {"y": item["x"]}),
+        reduce=lambda children, ctx: {"n": len(children)},
+    )
+    assert run_items(log, make_items(3), Sequence("top", [fan])).processed == ["0", "1", "2"]
+    version = log.version
+    with pytest.raises(InvalidEventError, match=r"fan-out steps .* runs items one at a time"):
+        run_items(log, make_items(6), Sequence("top", [fan]), concurrency=2, epoch=2)
+    assert log.version == version
