@@ -1,7 +1,9 @@
 """Child of ``benchmarks.run`` (section ``airflow``): runs inside a migrated AIRFLOW_HOME.
 
 Times ``dag.test()`` of (a) N items as 10 chunks through DatagenMapOperator, (b) the same fake work as N
-native mapped task instances, and (c) a new run of (a) with 99 % of items done.
+native mapped task instances, (c) a new run of (a) with 99 % of items done, and (d) (a) on a fresh
+experiment with ``concurrency=8``: eight items of a chunk in flight at once, as an I/O-bound model client
+would run them.
 
 The first ``dag.test()`` in a process also pays Airflow's one-time start-up: importing and building the
 in-process execution API (FastAPI routes, Cadwyn versions) before its first task starts, 5 to 10 s on
@@ -24,12 +26,16 @@ from airflow.sdk import DAG
 from airflow_provider_datagen.operators.datagen import DatagenMapOperator, DatagenPlanOperator
 from airflow_provider_datagen.examples import prompts
 
-with DAG("bench_chunked", schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
-    plan = DatagenPlanOperator(task_id="plan", pipeline="bench", experiment="airflow", source=prompts({n}),
+with DAG("{dag_id}", schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
+    plan = DatagenPlanOperator(task_id="plan", pipeline="bench", experiment="{experiment}", source=prompts({n}),
                                chunk_size={chunk})
-    DatagenMapOperator.partial(task_id="generate", pipeline="bench", experiment="airflow",
-                               process="airflow_provider_datagen.examples:bench_model").expand_kwargs(plan.output)
+    DatagenMapOperator.partial(task_id="generate", pipeline="bench", experiment="{experiment}",
+                               process="airflow_provider_datagen.examples:bench_model",
+                               concurrency={concurrency}).expand_kwargs(plan.output)
 """
+
+#: Threads per chunk in the concurrent variant: overlapping I/O-bound calls, as a model client would.
+CONCURRENCY = 8
 
 NATIVE = """
 from __future__ import annotations
@@ -79,12 +85,21 @@ def main() -> None:
     n = int(sys.argv[1])
     dags = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
     os.environ.setdefault("DATAGEN_FAKE_LATENCY", "0.05")  # a fast model call
-    (dags / "bench_chunked.py").write_text(CHUNKED.format(n=n, chunk=max(1, n // 10)))
+    chunk = max(1, n // 10)
+    (dags / "bench_chunked.py").write_text(
+        CHUNKED.format(n=n, chunk=chunk, dag_id="bench_chunked", experiment="airflow", concurrency=1)
+    )
+    (dags / "bench_concurrent.py").write_text(
+        CHUNKED.format(
+            n=n, chunk=chunk, dag_id="bench_concurrent", experiment="airflow_threads", concurrency=CONCURRENCY
+        )
+    )
     (dags / "bench_native.py").write_text(NATIVE.format(n=n))
     (dags / "bench_warmup.py").write_text(WARMUP)
     startup = run(dags / "bench_warmup.py", "bench_warmup")
     first = run(dags / "bench_chunked.py", "bench_chunked")
     rerun = run(dags / "bench_chunked.py", "bench_chunked")
+    concurrent = run(dags / "bench_concurrent.py", "bench_concurrent")
     native = run(dags / "bench_native.py", "bench_native")
     from airflow_provider_datagen.examples import bench_fails_first
 
@@ -98,6 +113,8 @@ def main() -> None:
                 "first_s": first,
                 "rerun_s": rerun,
                 "native_s": native,
+                "concurrent_s": concurrent,
+                "concurrency": CONCURRENCY,
                 "airflow_startup_s": startup,
                 "done_fraction": 1 - failed / n,
             }

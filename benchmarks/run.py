@@ -418,7 +418,9 @@ def bench_airflow(tmp: Path, quick: bool) -> list[dict[str, Any]]:
             f"{row['native_s'] / row['chunked_s']:.1f}x | rerun with {row['done_fraction'] * 100:.0f}% done "
             f"{row['rerun_s']:.1f} s = {row['rerun_s'] / row['first_s'] * 100:.0f}% of the first run | "
             f"Airflow's one-time dag.test() start-up {row['airflow_startup_s']:.1f} s, paid by a warm-up DAG "
-            f"(were both to pay it: {row['ratio_if_both_paid_startup']:.1f}x)",
+            f"(were both to pay it: {row['ratio_if_both_paid_startup']:.1f}x) | with concurrency="
+            f"{row['concurrency']} per chunk {row['concurrent_s']:.1f} s -> "
+            f"{row['native_s'] / row['concurrent_s']:.1f}x",
             flush=True,
         )
     return rows
