@@ -1,7 +1,8 @@
 """A ``run_items`` worker that kills itself with SIGKILL at a chosen point (crash-injection harness).
 
     python -m tests.integration.crash_worker --root DIR --experiment E --n-items 30 \\
-        --checkpoint-every 3 --kill-mode invocation --kill-after 7 [--kind steps] [--emit-file F]
+        --checkpoint-every 3 --kill-mode invocation --kill-after 7 [--kind steps] [--emit-file F] \\
+        [--concurrency 4]
 
 Kill modes (``--kill-after K``):
 
@@ -51,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epoch", type=int, default=None, help="writer epoch (default: log.next_epoch())")
     p.add_argument("--writer-id", default="crash-worker")
     p.add_argument("--salt", default="", help="changes every item's content (an edited source)")
+    p.add_argument("--concurrency", type=int, default=1, help="run_items(concurrency=N): items in threads")
     return p.parse_args(argv)
 
 
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         writer_id=args.writer_id,
         epoch=epoch,
         checkpoint_interval=3600.0,
+        concurrency=args.concurrency,
     )
     print(json.dumps({"killed": False, **report.as_dict(), "counts": counts}))
     return 0
