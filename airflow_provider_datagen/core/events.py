@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 #: Joins the parts of an event's identity before hashing (see :func:`event_id_for`).
 ID_SEP = "\x1f"
-_SEP = ID_SEP
 #: Event ids are the hex of a BLAKE2b digest of this many bytes (128 bits).
 ID_DIGEST_SIZE = 16
 # One encoder instance: json.dumps with keyword options builds a new encoder on every call.
@@ -144,7 +143,7 @@ def event_id_for(
     *parts: object,
 ) -> str:
     """Deterministic id of an event: a digest of its identity, never of its writer or time."""
-    text = _SEP.join((item_id, str(item_seq), event_type, *["" if p is None else str(p) for p in parts]))
+    text = ID_SEP.join((item_id, str(item_seq), event_type, *["" if p is None else str(p) for p in parts]))
     # BLAKE2b: as collision-resistant as SHA-256 for 128-bit ids and faster on the commit hot path.
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=ID_DIGEST_SIZE).hexdigest()
 

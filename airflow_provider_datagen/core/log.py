@@ -569,30 +569,10 @@ class LogWriter:
                 raise InvalidEventError(f"unknown step_kind {step_kind!r}; use one of {[k.value for k in StepKind]}")
             step_kind = kind
         sequenced = event_type in (_CREATED_VALUE, _COMPLETED_VALUE)
-        coords = _SEP + _SEP.join(
-            _id_part(p)
-            for p in (
-                processor_version if sequenced else None,
-                status,
-                step_kind,
-                step,
-                enclosing_step,
-                selector_step,
-                iteration,
-                fanout_index,
-            )
-        )
-        columns = (
-            event_type,
-            status,
-            step_kind,
-            step,
-            enclosing_step,
-            selector_step,
-            iteration,
-            fanout_index,
-            processor_version,
-        )
+        # One order for both: the id text and the stored columns name the same coordinates.
+        parts = (status, step_kind, step, enclosing_step, selector_step, iteration, fanout_index)
+        coords = _SEP + _SEP.join(_id_part(p) for p in (processor_version if sequenced else None, *parts))
+        columns = (event_type, *parts, processor_version)
         shape = (
             next(_SHAPE_IDS),
             _EVENT_KINDS.get(event_type, _OTHER),

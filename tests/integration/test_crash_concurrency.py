@@ -13,7 +13,7 @@ import random
 import signal
 import subprocess
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -42,6 +42,31 @@ def clean_run(root: Path, every: int | None) -> tuple[dict[str, str], str]:
     return collect_results(log), export_results(log, str(root / f"clean-{every}.lance"))
 
 
+def resume_and_compare(
+    log: Any,
+    every: int | None,
+    concurrency: int,
+    acked: set[str],
+    expected: dict[str, str],
+    clean_fp: str,
+    export_to: Path,
+) -> Recorder:
+    """Resume a killed log; acknowledged items are not invoked again and the result equals a clean run."""
+    rec = Recorder()
+    run_items(
+        log,
+        make_items(N),
+        build_pipeline("flat", rec),
+        checkpoint_every=every,
+        epoch=log.next_epoch(),
+        concurrency=concurrency,
+    )
+    assert not acked & set(rec.calls)  # acknowledged work is never redone
+    assert collect_results(log) == expected
+    assert export_results(log, str(export_to)) == clean_fp
+    return rec
+
+
 @pytest.mark.parametrize("resume_concurrency", [1, 4])
 @pytest.mark.parametrize(("every", "kill"), KILLS, ids=[f"every{e}-{k.mode}@{k.after}" for e, k in KILLS])
 def test_a_killed_threaded_run_resumes_to_the_sequential_result(
@@ -54,19 +79,8 @@ def test_a_killed_threaded_run_resumes_to_the_sequential_result(
     log = open_log(tmp_path, s.name)
     acked = check_after_kill(log, expected, str(s))
     assert len(acked) < N  # the kill really interrupted the run
-    rec = Recorder()
-    run_items(
-        log,
-        make_items(N),
-        build_pipeline("flat", rec),
-        checkpoint_every=every,
-        epoch=log.next_epoch(),
-        concurrency=resume_concurrency,
-    )
-    assert not acked & set(rec.calls)  # acknowledged work is never redone
+    rec = resume_and_compare(log, every, resume_concurrency, acked, expected, clean_fp, tmp_path / "resumed.lance")
     assert sorted(rec.calls) == sorted(str(i) for i in range(N) if str(i) not in acked)
-    assert collect_results(log) == expected
-    assert export_results(log, str(tmp_path / "resumed.lance")) == clean_fp
 
 
 def test_a_parent_sigkills_a_threaded_worker_at_random_moments(tmp_path: Path) -> None:
@@ -93,15 +107,4 @@ def test_a_parent_sigkills_a_threaded_worker_at_random_moments(tmp_path: Path) -
             proc.send_signal(signal.SIGKILL)
             proc.communicate(timeout=60)
         acked = check_after_kill(log, expected, str(s))
-        rec = Recorder()
-        run_items(
-            log,
-            make_items(N),
-            build_pipeline("flat", rec),
-            checkpoint_every=every,
-            epoch=log.next_epoch(),
-            concurrency=4,
-        )
-        assert not acked & set(rec.calls)
-        assert collect_results(log) == expected
-        assert export_results(log, str(tmp_path / f"resumed-{attempt}.lance")) == clean_fp
+        resume_and_compare(log, every, 4, acked, expected, clean_fp, tmp_path / f"resumed-{attempt}.lance")

@@ -171,6 +171,26 @@ def test_no_more_than_concurrency_items_are_in_flight(tmp_path: Any, concurrency
     assert calls.by_item == Counter({str(i): 1 for i in range(N)})
 
 
+@pytest.mark.parametrize("concurrency", [2, 4, 7])
+def test_the_first_items_really_run_at_the_same_time(tmp_path: Any, concurrency: int) -> None:
+    """The first ``concurrency`` items meet at a barrier: it only opens if they are all in flight at once."""
+    calls = Calls()
+    barrier = threading.Barrier(concurrency, timeout=30)
+
+    def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.record(ctx.item_id)
+        with calls:
+            if item["id"] < concurrency:
+                barrier.wait()  # BrokenBarrierError (a failed item) if they ran one after another
+        return flat_output(item)
+
+    log = open_log(tmp_path, "overlap")
+    report = run_items(log, make_items(N), process, concurrency=concurrency)
+    assert report.failed == []
+    assert calls.max_now == concurrency
+    assert set(statuses(log).values()) == {"completed"}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
