@@ -252,7 +252,10 @@ def _orphan_data_files(log: Any) -> int:
     if not os.path.isdir(data_dir):
         return 0
     present = set(os.listdir(data_dir))
-    if not os.path.isdir(os.path.join(log.uri, "_versions")):
+    versions_dir = os.path.join(log.uri, "_versions")
+    # A kill inside the very first commit can leave _versions/ without any manifest: no version
+    # references anything yet (and lance.dataset would say "not found").
+    if not os.path.isdir(versions_dir) or not any(n.endswith(".manifest") for n in os.listdir(versions_dir)):
         return len(present)
     referenced = set()
     for version in lance.dataset(log.uri).versions():  # a few ms each
