@@ -2,9 +2,13 @@
 
 Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` picks some):
 
-* ``throughput``: no-op items/s through ``run_items`` at several ``checkpoint_every``, against the same
-  marker rows written to a SQLite sidecar (WAL, one transaction per batch, ``synchronous=FULL``), to a
-  JSONL sidecar (fsync per batch), and raw Lance appends of the same rows (the floor).
+* ``throughput``: no-op items/s through ``run_items`` at several ``checkpoint_every``, against two kinds
+  of baseline. The write-only floor: the same marker rows written to a SQLite sidecar (WAL, one
+  transaction per batch, ``synchronous=FULL``), to a JSONL sidecar (fsync per batch), and raw Lance
+  appends of the same rows (the floor). The hand-rolled peer (``sqlite_loop``): the checkpoint loop a
+  user replacing the provider would write over the same items, with the same SQLite sidecar: read what
+  is done, then per item its id, input fingerprint, the no-op call and its marker rows, committed at
+  the same boundaries as ours.
 * ``plan``: ``plan_resume`` over N source items / ~5N events, 95 % done, against a scan of the light
   columns (the floor) and a naive per-item Python fold (measured on a sample, scaled), plus peak RSS
   of planning in a fresh process.
@@ -76,6 +80,90 @@ def sqlite_sidecar(tmp: Path, batches: list[list[tuple[str, int, str, str]]]) ->
     db.close()
 
 
+def loop_plan(
+    batches: list[list[tuple[str, int, str, str]]],
+) -> tuple[dict[str, list[tuple[int, str]]], list[int]]:
+    """What :func:`sqlite_loop` needs to write what ours wrote, taken from our commits' marker rows.
+
+    Per item id, the (sequence, type) of its marker rows; and the number of items each of our commits
+    finished (its ``TERMINAL`` rows), commits finishing none left out: the loop's transaction sizes.
+    """
+    shapes: dict[str, list[tuple[int, str]]] = {}
+    groups = []
+    for batch in batches:
+        for iid, seq, event_type, _ in batch:
+            shapes.setdefault(iid, []).append((seq, event_type))
+        finished = sum(1 for row in batch if row[2] == "TERMINAL")
+        if finished:
+            groups.append(finished)
+    for shape in shapes.values():
+        shape.sort()
+    return shapes, groups
+
+
+def sqlite_loop(
+    tmp: Path,
+    items: list[dict[str, Any]],
+    shapes: dict[str, list[tuple[int, str]]],
+    groups: list[int],
+    key_field: str = "id",
+) -> Path:
+    """The hand-rolled peer: a user's own checkpoint loop over a SQLite sidecar, doing what ours does per item.
+
+    Unlike the write-only floor (:func:`sqlite_sidecar`, rows prepared in advance), this is the loop a
+    user replacing the provider would write: open the sidecar (WAL, ``synchronous=FULL``, the same
+    table), read which items are done (with the fingerprint they were done with; none at the start) to
+    skip them, then per item compute its id (:func:`root_item_id`) and input fingerprint
+    (:func:`fingerprint_of`), call the same no-op function and insert, as it finishes, the same marker
+    rows our log holds for it (``shapes``, see :func:`loop_plan`). One transaction per group of items,
+    the groups as ours (``groups``): each ends with the last item whose ``TERMINAL`` row is in one of
+    our commits, so the default ``checkpoint_every`` gets the same ramp of group sizes. Returns the
+    sidecar's path.
+    """
+    from airflow_provider_datagen.core.events import fingerprint_of
+    from airflow_provider_datagen.core.ids import root_item_id
+
+    path = tmp / f"loop-{time.monotonic_ns()}.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS markers (item_id TEXT, seq INTEGER, type TEXT, fp TEXT, PRIMARY KEY (item_id, seq))"
+    )
+    done = dict(db.execute("SELECT item_id, fp FROM markers WHERE type = 'TERMINAL'").fetchall())
+    insert = "INSERT INTO markers VALUES (?, ?, ?, ?)"
+    group = iter(groups)
+    size = next(group, 0)
+    since = 0
+    for item in items:
+        iid = root_item_id(item[key_field])
+        fp = fingerprint_of(item)
+        if done.get(iid) == fp:
+            continue
+        _noop(item, None)
+        if since == 0:
+            db.execute("BEGIN")
+        db.executemany(insert, [(iid, seq, event_type, fp) for seq, event_type in shapes[iid]])
+        since += 1
+        if since == size:
+            db.execute("COMMIT")
+            since, size = 0, next(group, 0)
+    if since:
+        db.execute("COMMIT")
+    db.close()
+    return path
+
+
+def _same_markers(path: Path, batches: list[list[tuple[str, int, str, str]]]) -> bool:
+    """Whether a sidecar holds exactly the marker rows of ``batches``."""
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute("SELECT item_id, seq, type, fp FROM markers").fetchall()
+    finally:
+        db.close()
+    return sorted(rows) == sorted(row for batch in batches for row in batch)
+
+
 def jsonl_sidecar(tmp: Path, batches: list[list[tuple[str, int, str, str]]]) -> None:
     """The same markers appended to a JSONL manifest, fsync per commit."""
     with open(tmp / f"manifest-{time.monotonic_ns()}.jsonl", "a", encoding="utf-8") as fh:
@@ -144,6 +232,11 @@ def _throughput_case(tmp: Path, ce: int | None, n: int, repeats: int) -> dict[st
     commits = _commits_of(logs[-1])
     batches = _markers(commits)
     t_sqlite = median_time(lambda: sqlite_sidecar(tmp, batches), repeats)
+    shapes, groups = loop_plan(batches)
+    loops: list[Path] = []
+    t_loop = median_time(lambda: loops.append(sqlite_loop(tmp, items, shapes, groups)), repeats)
+    if not _same_markers(loops[-1], batches):
+        raise AssertionError("the hand-rolled SQLite loop did not write the marker rows ours did")
     t_jsonl = median_time(lambda: jsonl_sidecar(tmp, batches), repeats)
     t_raw = median_time(lambda: raw_lance(tmp, commits), repeats)
     return {
@@ -154,7 +247,9 @@ def _throughput_case(tmp: Path, ce: int | None, n: int, repeats: int) -> dict[st
         "sqlite_items_per_s": n / t_sqlite,
         "jsonl_items_per_s": n / t_jsonl,
         "raw_lance_items_per_s": n / t_raw,
+        "sqlite_loop_items_per_s": n / t_loop,
         "ours_vs_sqlite": t_sqlite / t_ours,
+        "ours_vs_sqlite_loop": t_loop / t_ours,
         "ours_time_vs_raw_lance": t_ours / t_raw,
     }
 
@@ -171,7 +266,9 @@ def bench_throughput(tmp: Path, quick: bool) -> list[dict[str, Any]]:
             f"  checkpoint_every={row['checkpoint_every']!s:>7} n={n:>6}: ours {row['ours_items_per_s']:>9.0f}/s | "
             f"sqlite {row['sqlite_items_per_s']:>9.0f}/s | jsonl {row['jsonl_items_per_s']:>9.0f}/s | "
             f"raw lance {row['raw_lance_items_per_s']:>9.0f}/s | ours/sqlite {row['ours_vs_sqlite']:.2f}x | "
-            f"time ours/raw {row['ours_time_vs_raw_lance']:.2f}x",
+            f"time ours/raw {row['ours_time_vs_raw_lance']:.2f}x | "
+            f"sqlite loop {row['sqlite_loop_items_per_s']:>9.0f}/s | "
+            f"ours/sqlite loop {row['ours_vs_sqlite_loop']:.2f}x",
             flush=True,
         )
     return out

@@ -7,6 +7,7 @@ again and a renamed key is a new item.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -15,8 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_datagen.core.events import fingerprint_of
-from airflow_provider_datagen.core.ids import root_item_id
+from airflow_provider_datagen.core.events import _FAST, fingerprint_of
+from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, root_item_id
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 
@@ -38,12 +39,12 @@ class SourceItem:
     _data: Mapping[str, Any]
 
     def __init__(self, item_id: str, key: str, data: Mapping[str, Any], fingerprint: str, position: int) -> None:
-        setter = object.__setattr__
-        setter(self, "item_id", item_id)
-        setter(self, "key", key)
-        setter(self, "_data", data)
-        setter(self, "fingerprint", fingerprint)
-        setter(self, "position", position)
+        # the slots' own setters: half the cost of object.__setattr__ (bound after the class, below)
+        _set_item_id(self, item_id)
+        _set_key(self, key)
+        _set_data(self, data)
+        _set_fingerprint(self, fingerprint)
+        _set_position(self, position)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -77,6 +78,32 @@ class SourceItem:
         )
 
 
+_set_item_id, _set_key, _set_data, _set_fingerprint, _set_position = (
+    SourceItem.__dict__[name].__set__ for name in ("item_id", "key", "_data", "fingerprint", "position")
+)
+
+
+class _DraftItem(SourceItem):
+    """How :func:`prepare_items` builds a :class:`SourceItem` cheaply: plain slot stores, then it becomes one.
+
+    Same slots, no ``__dict__``, so the instance can take ``SourceItem`` as its class as the last step
+    of ``__init__``; from then on it is an ordinary, immutable ``SourceItem`` (``type(x) is SourceItem``)
+    and no ``_DraftItem`` ever escapes. About half the cost of ``SourceItem(...)``, which has to store
+    through the slot descriptors around its own raising ``__setattr__`` (and a third of ``object.__setattr__``).
+    """
+
+    __slots__ = ()
+    __setattr__ = object.__setattr__  # type: ignore[assignment]  # plain stores while a draft
+
+    def __init__(self, item_id: str, key: str, data: Mapping[str, Any], fingerprint: str, position: int) -> None:
+        self.item_id = item_id
+        self.key = key
+        self._data = data
+        self.fingerprint = fingerprint
+        self.position = position
+        self.__class__ = SourceItem  # type: ignore[assignment]
+
+
 def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceItem]:
     """Validate every item before anything is written: dicts, keyed, unique keys, JSON-encodable."""
     if isinstance(items, (str, bytes, Mapping)):
@@ -87,41 +114,96 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
         raise InvalidItemError(f"key_field {key_field!r} must be a non-empty string")
     out: list[SourceItem] = []
     seen: dict[str, int] = {}
+    if _FAST is None:  # no C encoder: every item takes the general path
+        for pos, item in enumerate(items):
+            out.append(_prepare_one(pos, item, key_field, seen))
+        return out
+    # The common case inline: a plain dict keyed by a str or a small int that needs no escaping, encoded
+    # by the C encoder. It computes exactly what the general path would (the same encoder call as
+    # canonical_json, the same digest as fingerprint_of, the key as its own id as root_item_id gives it)
+    # and records nothing until the item is known good; anything else (another mapping, a missing,
+    # escaped, long or odd key, a duplicate, any encoding error or lone surrogate) goes to
+    # _prepare_one, which redoes the item with the public functions and raises their errors, so results
+    # and errors, and the item that raises first, are the same as on the general path alone.
+    append = out.append
+    encode = _FAST
+    sha256 = hashlib.sha256
+    draft = _DraftItem
+    missing = _MISSING
     for pos, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise InvalidItemError(
-                f"item #{pos} is a {type(item).__name__}, not a dict; every source item must be a JSON object"
-            )
-        if key_field not in item:
-            raise InvalidItemError(
-                f"item #{pos} has no key field {key_field!r} (it has {sorted(map(str, item))[:8]}); "
-                "set key_field= to the name of the unique id column"
-            )
-        key = item[key_field]
-        try:
-            iid = root_item_id(key)
-        except InvalidItemError as exc:
-            raise InvalidItemError(f"item #{pos}: {exc}") from None
-        # one str object for id and key when they are equal (no reserved characters): an int key
-        # would otherwise be formatted twice, a second string per item
-        text = key if isinstance(key, str) else str(key)
-        key_s = iid if text == iid else text
-        if iid in seen:
-            raise InvalidItemError(
-                f"duplicate key {str(key)[:200]!r} (items #{seen[iid]} and #{pos}); keys must be unique "
-                "in one source: de-duplicate the source or choose another key_field"
-            )
-        seen[iid] = pos
-        # a dict is kept as given (see SourceItem); other mappings become one, as JSON needs
-        data = item if isinstance(item, dict) else dict(item)
-        try:
-            fp = fingerprint_of(data)
-        except InvalidItemError:
-            raise
-        except Exception as exc:
-            raise InvalidItemError(f"item {iid!r}: {exc}") from None
-        out.append(SourceItem(iid, key_s, data, fp, pos))
+        if type(item) is dict:
+            key = item.get(key_field, missing)
+            kind = type(key)
+            if kind is str:
+                # _check_key's surrogate test is left to the item's UTF-8 encoding below: the key is
+                # one of the item's values, so a key with a lone surrogate fails that encode
+                iid = (
+                    key
+                    if 0 < len(key) <= MAX_KEY_LENGTH
+                    and "%" not in key
+                    and "/" not in key
+                    and ":" not in key
+                    and "\x00" not in key
+                    else None
+                )
+            elif kind is int and _INT_KEY_MIN < key < _INT_KEY_MAX:
+                iid = str(key)  # digits and a sign: nothing to escape, never too long
+            else:
+                iid = None
+            if iid is not None and iid not in seen:
+                try:
+                    raw = "".join(encode(item, 0)).encode("utf-8")
+                except Exception:
+                    pass  # _prepare_one re-encodes through canonical_json and raises its error
+                else:
+                    seen[iid] = pos
+                    append(draft(iid, iid, item, sha256(raw).hexdigest()[:32], pos))
+                    continue
+        append(_prepare_one(pos, item, key_field, seen))
     return out
+
+
+_MISSING = object()
+# int keys the fast path formats itself: well inside str(int)'s digit limit and MAX_KEY_LENGTH
+_INT_KEY_MIN = -(10**18)
+_INT_KEY_MAX = 10**18
+
+
+def _prepare_one(pos: int, item: Any, key_field: str, seen: dict[str, int]) -> SourceItem:
+    """Validate and build one item through the public functions (the general path of prepare_items)."""
+    if not isinstance(item, Mapping):
+        raise InvalidItemError(
+            f"item #{pos} is a {type(item).__name__}, not a dict; every source item must be a JSON object"
+        )
+    if key_field not in item:
+        raise InvalidItemError(
+            f"item #{pos} has no key field {key_field!r} (it has {sorted(map(str, item))[:8]}); "
+            "set key_field= to the name of the unique id column"
+        )
+    key = item[key_field]
+    try:
+        iid = root_item_id(key)
+    except InvalidItemError as exc:
+        raise InvalidItemError(f"item #{pos}: {exc}") from None
+    # one str object for id and key when they are equal (no reserved characters): an int key
+    # would otherwise be formatted twice, a second string per item
+    text = key if isinstance(key, str) else str(key)
+    key_s = iid if text == iid else text
+    if iid in seen:
+        raise InvalidItemError(
+            f"duplicate key {str(key)[:200]!r} (items #{seen[iid]} and #{pos}); keys must be unique "
+            "in one source: de-duplicate the source or choose another key_field"
+        )
+    seen[iid] = pos
+    # a dict is kept as given (see SourceItem); other mappings become one, as JSON needs
+    data = item if isinstance(item, dict) else dict(item)
+    try:
+        fp = fingerprint_of(data)
+    except InvalidItemError:
+        raise
+    except Exception as exc:
+        raise InvalidItemError(f"item {iid!r}: {exc}") from None
+    return SourceItem(iid, key_s, data, fp, pos)
 
 
 def read_source(source: Any) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,236 @@
+"""prepare_items: its inline fast path gives exactly what the public functions give, results and errors.
+
+The reference below is prepare_items as it was before the fast path, item by item through
+:func:`root_item_id` and :func:`fingerprint_of`; Hypothesis drives both over JSON-ish items with
+non-ASCII and surrogate text, keys that need escaping, int and bool keys, NaN, unserializable values,
+duplicates and non-dict items, and every id, key, fingerprint, position and error must match.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airflow_provider_datagen.core import sources
+from airflow_provider_datagen.core.events import fingerprint_of
+from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, root_item_id
+from airflow_provider_datagen.core.sources import SourceItem, prepare_items
+from airflow_provider_datagen.exceptions import InvalidItemError
+
+
+def reference_prepare(items: Any, key_field: str = "id") -> list[tuple[str, str, Any, str, int]]:
+    """The slow, obvious prepare_items loop: (item_id, key, data, fingerprint, position) per item."""
+    out = []
+    seen: dict[str, int] = {}
+    for pos, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InvalidItemError(
+                f"item #{pos} is a {type(item).__name__}, not a dict; every source item must be a JSON object"
+            )
+        if key_field not in item:
+            raise InvalidItemError(
+                f"item #{pos} has no key field {key_field!r} (it has {sorted(map(str, item))[:8]}); "
+                "set key_field= to the name of the unique id column"
+            )
+        key = item[key_field]
+        try:
+            iid = root_item_id(key)
+        except InvalidItemError as exc:
+            raise InvalidItemError(f"item #{pos}: {exc}") from None
+        # the key string rule: the key as text, one object with the id when they are equal
+        text = key if isinstance(key, str) else str(key)
+        key_s = iid if text == iid else text
+        if iid in seen:
+            raise InvalidItemError(
+                f"duplicate key {str(key)[:200]!r} (items #{seen[iid]} and #{pos}); keys must be unique "
+                "in one source: de-duplicate the source or choose another key_field"
+            )
+        seen[iid] = pos
+        data = item if isinstance(item, dict) else dict(item)
+        try:
+            fp = fingerprint_of(data)
+        except InvalidItemError:
+            raise
+        except Exception as exc:
+            raise InvalidItemError(f"item {iid!r}: {exc}") from None
+        out.append((iid, key_s, data, fp, pos))
+    return out
+
+
+def outcome(prepare: Callable[..., list[Any]], items: list[Any], key_field: str = "id") -> tuple[Any, ...]:
+    """What a prepare function did, comparable across implementations: its rows, or its error."""
+    try:
+        got = prepare(items, key_field)
+    except Exception as exc:
+        return ("error", type(exc), str(exc))
+    rows = []
+    for row in got:
+        if isinstance(row, SourceItem):
+            assert type(row) is SourceItem
+            row = (row.item_id, row.key, row._data, row.fingerprint, row.position)
+        iid, key, data, fp, pos = row
+        given_item = items[pos]
+        # a dict is kept as given, any other mapping becomes an equal plain dict
+        kept = data is given_item if isinstance(given_item, dict) else type(data) is dict and data == dict(given_item)
+        rows.append((iid, key, fp, pos, key is iid, kept))
+    return ("ok", rows)
+
+
+# Text with the characters that matter: reserved in ids, NUL, non-ASCII, JSON escapes; and text with
+# a lone surrogate (invalid as a key and in any value).
+SPECIAL = '%/:\x00é☃😀\u2028"\\\n\x1f'
+texts = st.text(st.one_of(st.characters(max_codepoint=0x7F), st.sampled_from(SPECIAL), st.characters()), max_size=8)
+surrogate_texts = st.builds(
+    lambda a, s, b: a + s + b, texts, st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), texts
+)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    texts,
+    st.sampled_from([0.0, -0.0, 1e300, 2.5, 10**30]),
+)
+values = st.recursive(
+    scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.tuples(children, children),
+        st.dictionaries(texts, children, max_size=3),
+    ),
+    max_leaves=8,
+)
+# What a JSON encoder refuses or the fingerprint cannot take
+BAD_SCALARS = [float("nan"), float("inf"), -math.inf, b"bytes", {1, 2}, complex(1, 2), object()]
+bad_scalars = st.one_of(st.sampled_from(BAD_SCALARS), surrogate_texts)
+# dict keys that encode as text (ints, None, bools, floats) and so sort against text keys: an error
+odd_field_names = st.one_of(st.integers(-5, 5), st.sampled_from([None, True, 1.5]), surrogate_texts)
+bad_values = st.recursive(
+    bad_scalars,
+    lambda children: st.one_of(
+        st.lists(st.one_of(children, values), min_size=1, max_size=3).map(lambda v: v[::-1]),
+        st.dictionaries(st.one_of(texts, odd_field_names), st.one_of(children, values), min_size=1, max_size=3),
+        st.dictionaries(odd_field_names, values, min_size=1, max_size=3),
+    ),
+    max_leaves=4,
+)
+# Source keys: a small pool so duplicates happen (5 and "5" are one id), keys that need escaping,
+# ints either side of the fast path's bound; and keys refused: bools, other types, empty, NUL, too
+# long, a lone surrogate, an int past str()'s digit limit
+GOOD_KEYS = ["5", 5, -3, "-3", "a", "a/b", "a%2Fb", "x:y", "%", "é", "☃/😀", 0, 10**18, 10**18 - 1, -(10**18)]
+GOOD_KEYS += [-(10**18) + 1, str(10**18), 10**400, "k" * MAX_KEY_LENGTH]
+BAD_KEYS = [True, False, None, 1.0, "", "a\x00", "k" * (MAX_KEY_LENGTH + 1), 10**4100, 10**5000, b"5", ("t",)]
+good_keys = st.one_of(st.sampled_from(GOOD_KEYS), texts.filter(lambda t: t and "\x00" not in t), st.integers())
+bad_keys = st.one_of(st.sampled_from(BAD_KEYS), surrogate_texts)
+
+
+@st.composite
+def source_items(draw: Any) -> Any:
+    """Mostly good items, so that sources of several get through; now and then one bad in some way."""
+    bad = draw(st.integers(0, 11)) == 0
+    shape = (
+        draw(st.sampled_from(["dict"] * 6 + ["proxy", "ordered", "dict subclass"]))
+        if not bad
+        else draw(st.sampled_from(BAD))
+    )
+    if shape == "not a mapping":
+        return draw(st.sampled_from([["id", 1], "id", 5, None, ("id", "a")]))
+    fields = draw(st.dictionaries(texts, values, max_size=4))
+    if shape == "bad value":
+        fields[draw(st.one_of(texts, odd_field_names))] = draw(bad_values)
+    if shape != "no key":
+        fields["id"] = draw(bad_keys if shape == "bad key" else good_keys)
+        if draw(st.booleans()):  # the key first or last in the dict
+            fields = {"id": fields.pop("id"), **fields}
+    if shape == "proxy":
+        return MappingProxyType(fields)
+    if shape == "ordered":
+        return OrderedDict(fields)
+    if shape == "dict subclass":
+        return Upper(fields)
+    return fields
+
+
+class Upper(dict[str, Any]):
+    """A dict whose ``[]`` reads differ from its contents: only the general path may read it."""
+
+    def __getitem__(self, name: Any) -> Any:
+        value = super().__getitem__(name)
+        return value.upper() if isinstance(value, str) else value
+
+
+BAD = ["bad value", "bad key", "no key", "not a mapping"]
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(source_items(), max_size=8))
+def test_prepare_items_matches_the_public_functions(items: list[Any]) -> None:
+    expected = outcome(reference_prepare, items)
+    assert outcome(prepare_items, items) == expected
+    with mock.patch.object(sources, "_FAST", None):  # no C encoder: the general path alone
+        assert outcome(prepare_items, items) == expected
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.one_of(good_keys, good_keys, bad_keys), values), max_size=10))
+def test_prepare_items_matches_on_plain_dicts_with_an_other_key_field(pairs: list[tuple[Any, Any]]) -> None:
+    items = [{"name": key, "v": value, "id": 1} for key, value in pairs]
+    assert outcome(prepare_items, items, "name") == outcome(reference_prepare, items, "name")
+
+
+def test_common_items_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = [
+        {"id": "item-0000001", "v": 1},
+        {"id": 7, "text": "é ☃ 😀 \u2028", "nested": {"b": [1, 2.5, None, True], "a": {}}},
+        {"v": -0.0, "id": -(10**18) + 1},
+        {"id": "k" * MAX_KEY_LENGTH},
+    ]
+    expected = outcome(reference_prepare, items)
+
+    def general_path(*args: Any) -> Any:
+        raise AssertionError(f"took the general path for {args[:2]}")
+
+    monkeypatch.setattr(sources, "_prepare_one", general_path)
+    assert outcome(prepare_items, items) == expected
+
+
+def test_a_reference_cycle_is_the_same_error() -> None:
+    item: dict[str, Any] = {"id": "c"}
+    item["self"] = item
+    items = [{"id": "a"}, item]
+    expected = outcome(reference_prepare, items)
+    assert expected[0] == "error" and "reference cycle" in expected[2]
+    assert outcome(prepare_items, items) == expected
+
+
+def test_the_first_bad_item_in_source_order_raises() -> None:
+    nan, dup, no_key = {"id": "n", "v": float("nan")}, {"id": 1}, {"v": 1}
+    for items in ([{"id": "1"}, dup, nan], [nan, {"id": "1"}, dup], [{"id": "1"}, no_key, dup, nan]):
+        expected = outcome(reference_prepare, items)
+        assert expected[0] == "error"
+        assert outcome(prepare_items, items) == expected
+
+
+def test_fast_built_items_are_ordinary_immutable_source_items() -> None:
+    (item,) = prepare_items([{"id": "x", "tags": ["a"]}])
+    assert type(item) is SourceItem
+    with pytest.raises(AttributeError, match="immutable"):
+        item.key = "y"
+    with pytest.raises(AttributeError, match="immutable"):
+        item.__class__ = sources._DraftItem
+    assert not hasattr(item, "__dict__")
+    built = SourceItem("x", "x", {"id": "x", "tags": ["a"]}, item.fingerprint, 0)
+    assert item == built and repr(item) == repr(built)
+    assert pickle.loads(pickle.dumps(item)) == item == copy.deepcopy(item) == copy.copy(item)
+    assert type(pickle.loads(pickle.dumps(item))) is SourceItem
