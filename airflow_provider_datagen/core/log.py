@@ -75,7 +75,7 @@ from airflow_provider_datagen.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -492,6 +492,9 @@ class LogWriter:
         self._terminal_shapes: dict[str, tuple[Any, ...]] = {}
         self.commits = 0
         self.events_written = 0
+        #: the error of a pipelined append that failed after this writer had counted its batch as
+        #: staged: the writer's sequences are then ahead of the log, so it must not write again
+        self._lost: BaseException | None = None
 
     def prime(
         self,
@@ -597,8 +600,22 @@ class LogWriter:
                 )
             self._items[iid] = [st.last_seq, st.input_fingerprint, dict(st.field_modes)]
 
-    def commit(self, batch: Batch) -> int:
-        """Validate, sequence and append a batch in one Lance commit; returns the events written."""
+    def commit(self, batch: Batch, *, wait: bool = True) -> int:
+        """Validate, sequence and append a batch in one Lance commit; returns the events written.
+
+        ``wait=False`` pipelines the commit: the batch is validated and sequenced here (its errors
+        raise before any write, as always), and the Lance append and fsync run on the log's committer
+        thread while the caller goes on. At most one append is in flight; the next commit or any read
+        of the log waits for it and raises its error, and :meth:`sync` waits for it explicitly. Group
+        commit uses this because an unacknowledged item is redone after a crash either way, so the
+        append need not hold up the next items' work.
+        """
+        if self._lost is not None:
+            raise LogWriteError(
+                f"writer {self.writer_id!r} lost a pipelined append ({self._lost}); the batches it counted "
+                "after that one were not written. Open a new writer (rerun the task): the next run redoes "
+                "exactly the unacknowledged work."
+            )
         pending = batch._pending
         n = len(pending)
         if not n:
@@ -618,11 +635,21 @@ class LogWriter:
                 f"field name or fingerprint with a lone surrogate?): {str(exc)[:200]}; decode it properly "
                 "(nothing of this batch was written)"
             ) from None
-        self.log._append(table)
+        if wait:
+            self.log._append(table)
+        else:
+            self.log._append_pipelined(table, self._lose)
         items.update(staged)
         self.commits += 1
         self.events_written += n
         return n
+
+    def _lose(self, exc: BaseException) -> None:
+        self._lost = exc
+
+    def sync(self) -> None:
+        """Wait until every pipelined commit of this writer's log has landed; raise an append's error."""
+        self.log._wait_appends(close=True)
 
     @staticmethod
     def _sequence(pending: list[tuple[Any, ...]], items: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -837,6 +864,10 @@ class CheckpointLog:
         self.uri = f"{root.rstrip('/')}/datagen_checkpoints/{pipeline}/{experiment}/log.lance"
         self._ds: lance.LanceDataset | None = None
         self._lock = threading.Lock()
+        #: the pipelined append in flight (LogWriter.commit(wait=False)) and the thread that runs it
+        self._inflight: concurrent.futures.Future[None] | None = None
+        self._committer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._committer_ident: int | None = None
         self._appends_since_check = 0
         self.projection_uri = f"{self.uri.rsplit('/', 1)[0]}/state.lance"
 
@@ -959,6 +990,8 @@ class CheckpointLog:
             )
 
     def _dataset(self) -> lance.LanceDataset | None:
+        if self._inflight is not None:
+            self._wait_appends()  # read your own writes: a pipelined append lands first
         with self._lock:
             if self._ds is None:
                 self._ds = self._open_dataset()
@@ -1000,7 +1033,42 @@ class CheckpointLog:
             return EVENT_SCHEMA.empty_table().select(list(dict.fromkeys([*columns, "schema_version"])))
         return self._scan_ds(ds, columns, filter)
 
+    def _append_pipelined(self, table: pa.Table, on_error: Callable[[BaseException], None]) -> None:
+        """Start appending ``table`` on the committer thread, after the append before it has landed."""
+        self._wait_appends()
+        if self._committer is None:
+            self._committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="datagen-commit")
+        self._inflight = self._committer.submit(self._append_on_committer, table, on_error)
+
+    def _append_on_committer(self, table: pa.Table, on_error: Callable[[BaseException], None]) -> None:
+        self._committer_ident = threading.get_ident()
+        try:
+            self._append(table)
+        except BaseException as exc:
+            on_error(exc)
+            raise
+
+    def _wait_appends(self, *, close: bool = False) -> None:
+        """Wait for the pipelined append in flight, if any, and raise its error here.
+
+        The committer thread itself never waits (an automatic maintenance inside its append reads the
+        log); ``close`` also ends the thread, so an idle log holds none.
+        """
+        if threading.get_ident() == self._committer_ident:
+            return
+        fut, self._inflight = self._inflight, None
+        try:
+            if fut is not None:
+                fut.result()
+        finally:
+            if close and self._committer is not None:
+                self._committer.shutdown(wait=True)
+                self._committer = None
+                self._committer_ident = None
+
     def _append(self, table: pa.Table) -> None:
+        if self._inflight is not None:
+            self._wait_appends()
         # No refresh before appending: Lance rebases an append onto whatever version is latest at
         # commit time (appends never conflict), so reading the newest manifest first is wasted I/O.
         ds = self._ds if self._ds is not None else self._dataset()

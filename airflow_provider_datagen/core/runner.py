@@ -264,6 +264,10 @@ class _Runner:
         self.pv = processor_version
         self.group = checkpoint_every or DEFAULT_GROUP_ITEMS
         self.per_step = checkpoint_every == 1
+        # Default group commit pipelines its appends: the next items run while Lance writes and
+        # fsyncs (an unacknowledged item is redone after a crash either way). An explicit
+        # checkpoint_every=N asks for a cadence, so each of its commits lands before the run goes on.
+        self.pipelined = checkpoint_every is None
         self.interval = checkpoint_interval
         self.fail_fast = fail_fast
         self.report = report
@@ -290,7 +294,7 @@ class _Runner:
 
     def flush(self) -> None:
         if len(self.batch):
-            n = self.writer.commit(self.batch)
+            n = self.writer.commit(self.batch, wait=not self.pipelined)
             self.report.commits += 1
             self.report.events += n
         self.batch = self._new_batch()
@@ -323,7 +327,7 @@ class _Runner:
         self.flush()
         inbox = self._new_batch()
         inbox._created_many([src.item_id for src, _ in items], [src.fingerprint for src, _ in items], self.pv)
-        self.report.events += self.writer.commit(inbox)
+        self.report.events += self.writer.commit(inbox, wait=not self.pipelined)
         self.report.commits += 1
 
     # --- driving items ------------------------------------------------------------------------
@@ -840,9 +844,12 @@ def run_items(
     """Process every pending item of ``items`` and record it in ``log``; touch nothing that is done.
 
     ``checkpoint_every=N`` acknowledges N items per commit (``1`` also checkpoints every step
-    boundary); None (the default) is group commit: :data:`DEFAULT_GROUP_ITEMS` items or
-    ``checkpoint_interval`` seconds, whichever comes first. ``reraise`` lists exception types that must
-    end the run instead of failing one item (an orchestrator's timeout, say).
+    boundary), and each commit lands before the next item starts. None (the default) is group commit:
+    :data:`DEFAULT_GROUP_ITEMS` items or ``checkpoint_interval`` seconds, whichever comes first, with
+    each append pipelined (the next items run while it is written; a crash meanwhile only means those
+    acknowledgements are redone). Either way every commit has landed when this returns or raises.
+    ``reraise`` lists exception types that must end the run instead of failing one item (an
+    orchestrator's timeout, say).
 
     ``concurrency=N`` (N > 1) runs the per-item work of fresh and restarted items in N threads, so
     I/O-bound calls that release the GIL (model or HTTP calls) overlap; the user's code must then be
@@ -926,6 +933,15 @@ def run_items(
                     runner.run_root(by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq)
                     tick()
         runner.flush()
+        writer.sync()  # every acknowledgement has landed before the report is returned
+    except BaseException:
+        # Whatever ends the run (a timeout, fail_fast), a pipelined append in flight lands or fails
+        # before we return: nothing may write to the log after run_items is gone.
+        try:
+            writer.sync()
+        except Exception as exc:  # the run's own error is the one to raise
+            logging.getLogger(__name__).warning("a pipelined commit failed while the run was ending: %s", exc)
+        raise
     finally:
         gc.unfreeze()
     return report

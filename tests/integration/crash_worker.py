@@ -87,12 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     if mode in ("commit", "before-commit"):
         original_commit = LogWriter.commit
 
-        def commit(self: LogWriter, batch: Any) -> int:
+        def commit(self: LogWriter, batch: Any, **kw: Any) -> int:
             if mode == "before-commit" and counts["commits"] + 1 >= k:
                 _die()
-            n = original_commit(self, batch)
+            n = original_commit(self, batch, **kw)
             counts["commits"] += 1
             if mode == "commit" and counts["commits"] >= k:
+                self.log._wait_appends()  # "landed": a pipelined append finishes first
                 _die()
             return n
 
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             if items:
                 counts["pulls"] += 1
                 if counts["pulls"] >= k:
+                    self.log._wait_appends()  # the pull's rows are durable, none of its acks
                     _die()
 
         _Runner.pull = pull  # type: ignore[method-assign]

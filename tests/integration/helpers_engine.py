@@ -103,12 +103,12 @@ def crash_at_commit(k: int) -> Iterator[dict[str, int]]:
     original = LogWriter.commit
     seen = {"commits": 0}
 
-    def commit(self: LogWriter, batch: Any) -> int:
+    def commit(self: LogWriter, batch: Any, **kw: Any) -> int:
         n = seen["commits"]
         seen["commits"] = n + 1
         if n >= k:
             raise Crash(f"crash before commit {k}")
-        return original(self, batch)
+        return original(self, batch, **kw)
 
     LogWriter.commit = commit  # type: ignore[method-assign]
     try:

@@ -67,9 +67,10 @@ def writer(args: argparse.Namespace) -> None:
     if args.kill_after:
         commit = LogWriter.commit
 
-        def killing(self: Any, batch: Any) -> int:
-            n = commit(self, batch)
+        def killing(self: Any, batch: Any, **kw: Any) -> int:
+            n = commit(self, batch, **kw)
             if self.commits >= args.kill_after:
+                self.log._wait_appends()  # the counted rows have landed
                 _result({"killed_after": self.commits, **rows})
                 os.kill(os.getpid(), signal.SIGKILL)
             return n

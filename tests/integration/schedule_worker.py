@@ -146,12 +146,13 @@ def _attempt(req: dict[str, Any], crash: dict[str, Any], signal_fd: int) -> None
 
     original_commit = LogWriter.commit
 
-    def commit(self: Any, batch: Any) -> int:
+    def commit(self: Any, batch: Any, **kw: Any) -> int:
         if mode == "before_commit" and counts["commits"] + 1 >= k:
             _die()
-        n = original_commit(self, batch)
+        n = original_commit(self, batch, **kw)
         counts["commits"] += 1
         if mode == "commit" and counts["commits"] >= k:
+            self.log._wait_appends()  # "landed": a pipelined append finishes first
             _die()
         if mode == "in_maintain" and counts["commits"] == k:
             tell_server()
@@ -178,6 +179,7 @@ def _attempt(req: dict[str, Any], crash: dict[str, Any], signal_fd: int) -> None
         if items:
             counts["pulls"] += 1
             if mode == "pull" and counts["pulls"] >= k:
+                self.log._wait_appends()  # the pull's rows are durable, none of its acks
                 _die()
 
     _Runner.pull = pull  # type: ignore[method-assign]
