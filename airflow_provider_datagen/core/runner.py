@@ -54,6 +54,8 @@ DEFAULT_GROUP_SECONDS = 2.0
 MIN_PULL = 64
 _STATE_CHUNK = 1000
 _COMPLETED = ItemStatus.COMPLETED.value
+#: a fresh item's fields and field modes: read-only here (ItemContext copies modes before writing)
+_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 _FILTERED = ItemStatus.FILTERED.value
 _STEP_COMPLETED = EventType.STEP_COMPLETED.value
 
@@ -107,6 +109,13 @@ def _check_field_name(name: Any, where: str) -> None:
 class ItemContext:
     """What a step function sees besides the item: identity, attempt, folded fields, emitters."""
 
+    # Most steps never write through the context: these start as shared class defaults and become
+    # the instance's own on first use (one context is built per step and item).
+    _own_modes = False
+    _ops: list[tuple[str, str, Any]] | tuple[()] = ()
+    _filtered: tuple[bool, Any] = (False, None)
+    _emissions: dict[str, int] | None = None
+
     def __init__(
         self,
         item_id: str,
@@ -115,7 +124,7 @@ class ItemContext:
         attempt: int,
         fields: Mapping[str, Any],
         coord: StepCoord,
-        modes: dict[str, str],
+        modes: Mapping[str, str],
     ) -> None:
         self.item_id = item_id
         self.key = key
@@ -130,10 +139,6 @@ class ItemContext:
         # Copied on the first write only: most steps set no new field, and a failed step's modes
         # must not leak into the item's.
         self._modes = modes
-        self._own_modes = False
-        self._ops: list[tuple[str, str, Any]] = []
-        self._filtered: tuple[bool, Any] = (False, None)
-        self._emissions: dict[str, int] = {}
 
     def _mode_check(self, name: str, mode: str) -> None:
         prev = self._modes.get(name)
@@ -146,21 +151,27 @@ class ItemContext:
             if not self._own_modes:
                 self._modes = dict(self._modes)
                 self._own_modes = True
-            self._modes[name] = mode
+            self._modes[name] = mode  # type: ignore[index]  # our own dict since the copy above
 
     def set(self, name: str, value: Any) -> None:
         """Set a field (FIELD_SET), checkpointed with this step."""
         _check_field_name(name, f"item {self.item_id!r}: ctx.set got")
         encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
         self._mode_check(name, "set")
-        self._ops.append(("set", name, value))
+        self._op(("set", name, value))
 
     def append(self, name: str, value: Any) -> None:
         """Append to a field (FIELD_APPEND), checkpointed with this step."""
         _check_field_name(name, f"item {self.item_id!r}: ctx.append got")
         encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
         self._mode_check(name, "append")
-        self._ops.append(("append", name, value))
+        self._op(("append", name, value))
+
+    def _op(self, op: tuple[str, str, Any]) -> None:
+        if self._ops:
+            self._ops.append(op)  # non-empty: the list made below
+        else:
+            self._ops = [op]
 
     def filter(self, reason: Any = None) -> None:
         """Finish the item as ``filtered`` after this step (a terminal state, never retried)."""
@@ -176,6 +187,8 @@ class ItemContext:
         Derived from the input fingerprint, the step coordinates and the emission index, never from
         time or attempt, so a receiver can drop the duplicate of an emission replayed after a crash.
         """
+        if self._emissions is None:
+            self._emissions = {}
         n = self._emissions.get(name, 0)
         self._emissions[name] = n + 1
         c = self._coord
@@ -268,6 +281,10 @@ class _Runner:
         # fsyncs (an unacknowledged item is redone after a crash either way). An explicit
         # checkpoint_every=N asks for a cadence, so each of its commits lands before the run goes on.
         self.pipelined = checkpoint_every is None
+        #: the count bound on acknowledgements: in pipelined pulls a pull holds at most ``group``
+        #: items and commits the previous pull's acknowledgements with its inbox, so the pull is the
+        #: count bound there and only the time bound flushes inside it
+        self.ack_bound = self.group
         self.interval = checkpoint_interval
         self.fail_fast = fail_fast
         self.report = report
@@ -306,7 +323,7 @@ class _Runner:
         if not self.batch._pending:
             return
         if (
-            self.acked >= self.group
+            self.acked >= self.ack_bound
             or (boundary and self.per_step and self.steps)
             or time.monotonic() - self.last_flush >= self.interval
         ):
@@ -315,7 +332,7 @@ class _Runner:
     def _flush_due(self) -> bool:
         """:meth:`maybe_flush` at a step boundary, as a test: the per-item hot paths call it twice."""
         return bool(self.batch._pending) and (
-            self.acked >= self.group
+            self.acked >= self.ack_bound
             or (self.per_step and self.steps > 0)
             or time.monotonic() - self.last_flush >= self.interval
         )
@@ -324,9 +341,16 @@ class _Runner:
         """The inbox: one commit of ITEM_CREATED rows before any of these items is processed."""
         if not items:
             return
+        ids, fps = [src.item_id for src, _ in items], [src.fingerprint for src, _ in items]
+        if self.pipelined:
+            # The previous pull's acknowledgements ride in the same commit: one append per pull, and
+            # the inbox never waits behind an acknowledgement still being written.
+            self.batch._created_many(ids, fps, self.pv)
+            self.flush()
+            return
         self.flush()
         inbox = self._new_batch()
-        inbox._created_many([src.item_id for src, _ in items], [src.fingerprint for src, _ in items], self.pv)
+        inbox._created_many(ids, fps, self.pv)
         self.report.events += self.writer.commit(inbox, wait=not self.pipelined)
         self.report.commits += 1
 
@@ -353,6 +377,47 @@ class _Runner:
         self.report.processed.append(item.item_id)
         if self._flush_due():
             self.flush()
+
+    def run_fresh_leaf(self, src: SourceItem, replayed: bool) -> None:
+        """:meth:`run_root` for an item with no state when the pipeline is one step (a process function).
+
+        The same events in the same order as the general driver, without its per-item frame sets and
+        dispatch: the profile of a no-op run showed them costing more than the item's log writes.
+        """
+        step = self.pipeline
+        coord, _frame, _path, shape = self._coord(step, None, None, None)
+        iid = src.item_id
+        if replayed:
+            self.report.replayed.append(iid)
+        ctx = ItemContext(iid, src.key, src.fingerprint, 1, _NO_FIELDS, coord, _NO_FIELDS)
+        self.report.invocations += 1
+        try:
+            result = step.fn(src.data, ctx)
+            sets = self._check_result_of(iid, step, result) if result is not None else _NO_FIELDS
+            for name in sets:
+                ctx._mode_check(name, "set")
+        except BaseException as exc:
+            self._on_failure(self._bare_item(src), _StepFailure(iid, coord, exc))
+            return
+        b = self.batch
+        try:
+            if ctx._ops or sets:
+                self._stage_delta(iid, coord.step, sets, ctx._ops)
+            b._shaped(iid, shape)
+        except BaseException as exc:
+            self._on_failure(self._bare_item(src), exc)
+            return
+        self.steps += 1
+        filtered, reason = ctx._filtered
+        b.terminal(iid, status=_FILTERED if filtered else _COMPLETED, reason=reason)
+        self.acked += 1
+        self.report.processed.append(iid)
+        if self._flush_due():
+            self.flush()
+
+    @staticmethod
+    def _bare_item(src: SourceItem) -> _Item:
+        return _Item(src.item_id, src.key, src.data, src.fingerprint, None, {})
 
     # --- in-chunk concurrency --------------------------------------------------------------------
 
@@ -622,17 +687,15 @@ class _Runner:
     ) -> None:
         """Stage a step's field delta and its STEP_COMPLETED together (one checkpoint unit)."""
         b = self.batch
+        self._stage_delta(item.item_id, coord.step, sets, ops)
         for op, name, value in ops:
             if op == "set":
-                b.field_set(item.item_id, name, value, step=coord.step)
                 item.fields[name] = value
             else:
-                b.field_append(item.item_id, name, value, step=coord.step)
                 prev = item.fields.get(name) if item.modes.get(name) == "append" else None
                 item.fields[name] = [*(prev or []), value]
             item.modes[name] = op
         for name, value in sets.items():
-            b.field_set(item.item_id, name, value, step=coord.step)
             item.fields[name] = value
             item.modes[name] = "set"
         if shape is not None:
@@ -653,6 +716,19 @@ class _Runner:
         item.completed.add(frame)
         item.open.discard(frame)
         self.steps += 1
+
+    def _stage_delta(
+        self, item_id: str, step: str | None, sets: Mapping[str, Any], ops: Iterable[tuple[str, str, Any]]
+    ) -> None:
+        """A step's field events: its ``ctx.set``/``ctx.append`` calls in order, then its returned fields."""
+        b = self.batch
+        for op, name, value in ops:
+            if op == "set":
+                b.field_set(item_id, name, value, step=step)
+            else:
+                b.field_append(item_id, name, value, step=step)
+        for name, value in sets.items():
+            b.field_set(item_id, name, value, step=step)
 
     def _run_leaf(self, item: _Item, step: Step, coord: StepCoord, frame: Any, shape: Any) -> None:
         if frame in item.completed:
@@ -679,17 +755,19 @@ class _Runner:
             raise _Filtered(ctx._filtered[1])
 
     def _check_result(self, item: _Item, step: Step, result: Any) -> dict[str, Any]:
-        if result is None:
-            return {}
+        return {} if result is None else self._check_result_of(item.item_id, step, result)
+
+    @staticmethod
+    def _check_result_of(item_id: str, step: Step, result: Any) -> dict[str, Any]:
         if not isinstance(result, Mapping):
             raise ProcessError(
-                f"item {item.item_id!r}: step {step.name!r} returned a {type(result).__name__}; return a dict "
+                f"item {item_id!r}: step {step.name!r} returned a {type(result).__name__}; return a dict "
                 "of fields (or None) from the process function"
             )
         out: dict[str, Any] = {}
         for name, value in result.items():
-            _check_field_name(name, f"item {item.item_id!r}: step {step.name!r} returned")
-            encode_value(value, what=f"field {name!r} returned by step {step.name!r} for item {item.item_id!r}")
+            _check_field_name(name, f"item {item_id!r}: step {step.name!r} returned")
+            encode_value(value, what=f"field {name!r} returned by step {step.name!r} for item {item_id!r}")
             out[name] = value
         return out
 
@@ -923,14 +1001,23 @@ def run_items(
         # 2. Restarts (demoted cursors, edited inputs) and fresh items: pulled into the inbox first.
         restart = [*plan.demoted, *plan.invalidated, *plan.fresh]
         replayed_restarts = set(plan.demoted)
+        cap = max(runner.group, MIN_PULL)
+        one_step = type(pipeline) is Step  # no frames, no fan-out: the driver's short path
+        if runner.pipelined:
+            runner.ack_bound = cap + 1  # never reached: each pull's acks commit with the next pull
         if concurrency > 1 and restart:
             _run_pulls_concurrently(runner, writer, restart, by_id, plan, concurrency, tick)
         else:
-            for chunk in _pulls(restart, max(runner.group, MIN_PULL), checkpoint_interval):
+            for chunk in _pulls(restart, cap, checkpoint_interval):
                 writer._prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
                 runner.pull([(by_id[iid], None) for iid in chunk])
                 for iid in chunk:
-                    runner.run_root(by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq)
+                    if one_step:
+                        runner.run_fresh_leaf(by_id[iid], iid in replayed_restarts)
+                    else:
+                        runner.run_root(
+                            by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq
+                        )
                     tick()
         runner.flush()
         writer.sync()  # every acknowledgement has landed before the report is returned
