@@ -350,12 +350,14 @@ class Batch:
         )
         self._pending.append((item_id, shape, None, shape[3], None))
 
-    def _shaped(self, item_id: str, shape: tuple[Any, ...]) -> None:
+    def _shaped(self, item_id: str, shape: tuple[Any, ...], then: tuple[Any, ...] | None = None) -> None:
         """An event of a shape from :meth:`LogWriter._shape` for an item the writer knows (the runner's
-        STEP_COMPLETED: its shape is built once per step, not per item)."""
+        STEP_COMPLETED: its shape is built once per step, not per item), and one of shape ``then``."""
         if type(item_id) is not str or item_id not in self._writer._items:
             item_id = _exact(_check_item_id(item_id))
         self._pending.append((item_id, shape, None, shape[3], None))
+        if then is not None:
+            self._pending.append((item_id, then, None, then[3], None))
 
     def _field(self, et: str, item_id: str, name: str, value: Any, step: str | None) -> None:
         item_id = self._id(item_id)

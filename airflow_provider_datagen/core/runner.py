@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ _COMPLETED = ItemStatus.COMPLETED.value
 _NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 _FILTERED = ItemStatus.FILTERED.value
 _STEP_COMPLETED = EventType.STEP_COMPLETED.value
+_TERMINAL = EventType.TERMINAL.value
 
 
 class ItemFailedError(DatagenError):
@@ -384,8 +386,7 @@ class _Runner:
         The same events in the same order as the general driver, without its per-item frame sets and
         dispatch: the profile of a no-op run showed them costing more than the item's log writes.
         """
-        step = self.pipeline
-        coord, _frame, _path, shape = self._coord(step, None, None, None)
+        step, coord, shape, done = self._leaf
         iid = src.item_id
         if replayed:
             self.report.replayed.append(iid)
@@ -400,20 +401,33 @@ class _Runner:
             self._on_failure(self._bare_item(src), _StepFailure(iid, coord, exc))
             return
         b = self.batch
+        filtered, reason = ctx._filtered
         try:
-            if ctx._ops or sets:
-                self._stage_delta(iid, coord.step, sets, ctx._ops)
-            b._shaped(iid, shape)
+            if ctx._ops or sets or filtered:
+                if ctx._ops or sets:
+                    self._stage_delta(iid, coord.step, sets, ctx._ops)
+                b._shaped(iid, shape)
+            else:  # the common case: STEP_COMPLETED and TERMINAL(completed), nothing else
+                b._shaped(iid, shape, done)
         except BaseException as exc:
             self._on_failure(self._bare_item(src), exc)
             return
         self.steps += 1
-        filtered, reason = ctx._filtered
-        b.terminal(iid, status=_FILTERED if filtered else _COMPLETED, reason=reason)
+        if filtered:
+            b.terminal(iid, status=_FILTERED, reason=reason)
+        elif ctx._ops or sets:
+            b._shaped(iid, done)
         self.acked += 1
         self.report.processed.append(iid)
         if self._flush_due():
             self.flush()
+
+    @cached_property
+    def _leaf(self) -> tuple[Step, StepCoord, tuple[Any, ...], tuple[Any, ...]]:
+        """The one step, its coordinates, and the shapes of its STEP_COMPLETED and of TERMINAL(completed)."""
+        coord, _frame, _path, shape = self._coord(self.pipeline, None, None, None)
+        done = self.writer._shape(_TERMINAL, None, None, None, None, None, None, None, _COMPLETED)
+        return self.pipeline, coord, shape, done
 
     @staticmethod
     def _bare_item(src: SourceItem) -> _Item:
