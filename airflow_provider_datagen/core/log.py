@@ -870,6 +870,8 @@ class CheckpointLog:
         self._inflight: concurrent.futures.Future[None] | None = None
         self._committer: concurrent.futures.ThreadPoolExecutor | None = None
         self._committer_ident: int | None = None
+        #: the last fold: (log version, that version's manifest identity, states), see _memo_base
+        self._memo: tuple[int, tuple[int, int] | None, pa.Table] | None = None
         self._appends_since_check = 0
         self.projection_uri = f"{self.uri.rsplit('/', 1)[0]}/state.lance"
 
@@ -1369,7 +1371,39 @@ class CheckpointLog:
         ds = self._dataset()
         if ds is None:
             return STATE_SCHEMA.empty_table(), None
-        proj = self._read_projection(int(ds.version))
+        version = int(ds.version)
+        table, index = self._states_at(ds, version, ids)
+        self._memo = (version, self._version_token(version), table)
+        return table, index
+
+    def _version_token(self, version: int) -> tuple[int, int] | None:
+        """The identity of a local version's manifest: a log deleted and written again reuses numbers."""
+        if not _is_local(self.uri):
+            return None
+        try:
+            st = os.stat(os.path.join(_local_path(self.uri), "_versions", f"{_U64 - version}.manifest"))
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def _memo_base(self, version: int) -> tuple[pa.Table, int] | None:
+        """The states this object folded last, when they are of this log at ``version`` or before it.
+
+        A map task folds the log to plan its chunk and again for its status after writing: the
+        second fold then reads only the items the task touched, as with the projection.
+        """
+        memo = self._memo
+        if memo is None or memo[1] is None or memo[0] > version or memo[1] != self._version_token(memo[0]):
+            return None
+        return memo[2], memo[0]
+
+    def _states_at(
+        self, ds: lance.LanceDataset, version: int, ids: pa.Array | Sequence[str] | None
+    ) -> tuple[pa.Table, np.ndarray | None]:
+        # Rows carry their commit's version only with stable row ids (otherwise every row reads as
+        # version 1); our logs always have them, a dataset written by another tool may not.
+        tracked = bool(getattr(ds, "has_stable_row_ids", False))
+        proj = (self._memo_base(version) or self._read_projection(version)) if tracked else None
         if proj is not None:
             table, pversion = proj
             if pversion == ds.version:

@@ -304,8 +304,9 @@ class DatagenMapOperator(_DatagenBase):
     :param process: ``"package.module:function"``, a callable ``fn(item, ctx) -> dict | None`` or a
         step pipeline (``Sequence``, ``Loop``, ``MapReduce``, ...).
     :param processor_version: version of ``process``; must match the plan's.
-    :param checkpoint_every: items per acknowledgement commit; ``None`` is group commit (every 4096
-        items or ``checkpoint_interval`` seconds, whichever first).
+    :param checkpoint_every: items per acknowledgement commit, each landed before the next item runs;
+        ``None`` is pipelined group commit (every 4096 items or ``checkpoint_interval`` seconds,
+        whichever first, appended while the next items run).
     :param checkpoint_interval: the time bound of group commit, in seconds.
     :param chunk: a chunk descriptor from the plan (set by ``expand_kwargs``).
     :param source: without a plan, the source to run whole (list or path/URI).

@@ -1,0 +1,135 @@
+"""A log object remembers its last fold and re-folds only the items touched since (real Lance logs).
+
+The memo must never change an answer: after any mix of commits (its own or another object's),
+maintenance and a log deleted and written again, ``states()`` equals the fold of a fresh object.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airflow_provider_datagen.core import CheckpointLog
+from tests.integration.helpers_engine import open_log, raw_events, write_events
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pytest
+
+
+def _sorted(table: pa.Table) -> list[dict[str, Any]]:
+    return table.sort_by("item_id").to_pylist()
+
+
+def _fresh_states(log: CheckpointLog) -> list[dict[str, Any]]:
+    return _sorted(open_log(log.root, log.experiment).states())
+
+
+def _write(log: CheckpointLog, writer_id: str, ops: list[tuple[str, int]]) -> None:
+    w = log.writer(writer_id, log.next_epoch(), processor_version="v1")  # each write takes over
+    with w.batch() as b:
+        for op, n in ops:
+            item = f"i{n}"
+            if op == "create":
+                b.item_created(item, input_fingerprint=f"fp{n}")
+            elif op == "field":
+                b.field_set(item, "x", n)
+            elif op == "fail":
+                b.failed(item, error="boom", step="s")
+            else:
+                b.terminal(item)
+
+
+class ScanCount:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.rows = 0
+        self.calls = 0
+        original = CheckpointLog._scan_ds
+
+        def scan(log: CheckpointLog, ds: Any, columns: Any, filter: Any) -> pa.Table:
+            table = original(log, ds, columns, filter)
+            self.calls += 1
+            self.rows += table.num_rows
+            return table
+
+        monkeypatch.setattr(CheckpointLog, "_scan_ds", scan)
+
+
+def test_an_unchanged_log_is_not_folded_again(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log(tmp_path, "same")
+    _write(log, "w", [(op, n) for n in range(50) for op in ("create", "field", "done")])
+    first = log.states()
+    count = ScanCount(monkeypatch)
+    assert log.states().equals(first)
+    assert count.calls == 0
+
+
+def test_a_second_fold_reads_only_the_touched_items(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log(tmp_path, "delta")
+    _write(log, "w", [(op, n) for n in range(400) for op in ("create", "field", "done")])
+    log.states()
+    _write(log, "w", [(op, n) for n in range(400, 405) for op in ("create", "done")])
+    count = ScanCount(monkeypatch)
+    after = log.states()
+    assert count.rows < 100  # 5 new items' ids and events, not 1,210 events
+    assert _sorted(after) == _fresh_states(log)
+
+
+def test_a_log_written_again_is_folded_from_scratch(tmp_path: Any) -> None:
+    log = open_log(tmp_path, "again")
+    _write(log, "w", [("create", n) for n in range(5)])
+    _write(log, "w", [("done", n) for n in range(5)])
+    assert {r["status"] for r in log.states().to_pylist()} == {"completed"}
+    other = open_log(tmp_path, "again")
+    shutil.rmtree(other.uri)
+    other = open_log(tmp_path, "again")
+    _write(other, "w", [("create", n) for n in range(5)])
+    _write(other, "w", [("fail", n) for n in range(5)])
+    log._ds = None  # as a new process would: the version numbers are the same as before
+    assert _sorted(log.states()) == _fresh_states(other)
+    assert {r["status"] for r in log.states().to_pylist()} == {"running"}
+
+
+OPS = st.one_of(
+    st.tuples(st.just("write"), st.lists(st.tuples(st.sampled_from(["field", "fail", "done"]), st.integers(0, 30)))),
+    st.tuples(st.just("new"), st.lists(st.integers(31, 60), max_size=5)),
+    st.tuples(st.just("other"), st.lists(st.tuples(st.sampled_from(["field", "done"]), st.integers(0, 30)))),
+    st.tuples(st.just("maintain"), st.none()),
+    st.tuples(st.just("states"), st.none()),
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, min_size=1, max_size=10))
+def test_the_memo_never_changes_an_answer(tmp_path_factory: pytest.TempPathFactory, ops: list[Any]) -> None:
+    root = tmp_path_factory.mktemp("memo")
+    log = open_log(root, "memo")
+    _write(log, "w", [("create", n) for n in range(31)])
+    created = set(range(31))
+    for op, arg in ops:
+        if op == "write":
+            _write(log, "w", [(o, n) for o, n in arg if n in created])
+        elif op == "new":
+            fresh = [n for n in dict.fromkeys(arg) if n not in created]
+            created.update(fresh)
+            _write(log, "w", [("create", n) for n in fresh])
+        elif op == "other":  # another process's writer: this object sees it only through the log
+            _write(open_log(root, "memo"), "w2", [(o, n) for o, n in arg if n in created])
+        elif op == "maintain":
+            log.maintain()
+        assert _sorted(log.states()) == _fresh_states(log), ops
+
+
+def test_a_dataset_without_stable_row_ids_is_always_folded_whole(tmp_path: Any) -> None:
+    # Written by another tool: every row reads as created at version 1, so no delta can be trusted.
+    src = open_log(tmp_path, "src")
+    _write(src, "w", [("create", n) for n in range(5)])
+    log = write_events(raw_events(src), tmp_path, "foreign")
+    assert not log._dataset().has_stable_row_ids
+    assert {r["status"] for r in log.states().to_pylist()} == {"running"}
+    _write(log, "w", [("done", n) for n in range(5)])
+    assert {r["status"] for r in log.states().to_pylist()} == {"completed"}
+    assert _sorted(log.states()) == _fresh_states(log)
