@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_datagen.core import CheckpointLog, run_items
-from airflow_provider_datagen.core.log import Batch
+from airflow_provider_datagen.core.log import Batch, LogWriter
 from airflow_provider_datagen.exceptions import InvalidEventError, LogWriteError
 from tests.integration.helpers_engine import flat_output, make_items, open_log, results_fp, statuses
 
@@ -89,15 +89,21 @@ def test_items_run_while_their_inbox_commit_is_in_flight(tmp_path: Any, monkeypa
     assert set(statuses(log).values()) == {"completed"}
 
 
-def test_a_read_waits_for_the_append_in_flight(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    spy = AppendSpy(monkeypatch)
-    release = threading.Event()
-    spy.hold[1] = release
-    log = open_log(tmp_path, "read-your-writes")
+def _log_with_item(root: Any, name: str) -> tuple[CheckpointLog, LogWriter]:
+    """A log holding item ``a`` (created, synchronously) and the writer that created it."""
+    log = open_log(root, name)
     w = log.writer("w1", 1)
     w.prime("a", last_seq=-1)
     with w.batch() as b:
         b.item_created("a", input_fingerprint="f")
+    return log, w
+
+
+def test_a_read_waits_for_the_append_in_flight(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = AppendSpy(monkeypatch)
+    release = threading.Event()
+    spy.hold[1] = release
+    log, w = _log_with_item(tmp_path, "read-your-writes")
     b2 = Batch(w)
     b2.terminal("a")
     w.commit(b2, wait=False)
@@ -112,11 +118,7 @@ def test_a_read_waits_for_the_append_in_flight(tmp_path: Any, monkeypatch: pytes
 def test_a_failed_pipelined_append_poisons_the_writer(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     spy = AppendSpy(monkeypatch)
     spy.fail_at = 1
-    log = open_log(tmp_path, "poisoned")
-    w = log.writer("w1", 1)
-    w.prime("a", last_seq=-1)
-    with w.batch() as b:
-        b.item_created("a", input_fingerprint="f")
+    log, w = _log_with_item(tmp_path, "poisoned")
     b2 = Batch(w)
     b2.field_set("a", "x", 1)
     w.commit(b2, wait=False)  # validated and staged here; the append fails on the committer thread
@@ -137,17 +139,14 @@ def test_a_failed_pipelined_append_poisons_the_writer(tmp_path: Any, monkeypatch
 
 def test_validation_errors_still_raise_before_any_write(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     spy = AppendSpy(monkeypatch)
-    log = open_log(tmp_path, "invalid")
-    w = log.writer("w1", 1)
-    w.prime("a", last_seq=-1)
+    log, w = _log_with_item(tmp_path, "invalid")
     with w.batch() as b:
-        b.item_created("a", input_fingerprint="f")
         b.field_set("a", "x", 1)
     bad = Batch(w)
     bad.field_append("a", "x", 2)  # a set field cannot take an append
     with pytest.raises(InvalidEventError):
         w.commit(bad, wait=False)
-    assert len(spy.threads) == 1 and log._inflight is None
+    assert len(spy.threads) == 2 and log._inflight is None
     ok = Batch(w)
     ok.terminal("a")
     w.commit(ok, wait=False)
