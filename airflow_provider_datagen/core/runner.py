@@ -439,7 +439,7 @@ class _Runner:
         self,
         pool: ThreadPoolExecutor,
         concurrency: int,
-        jobs: list[tuple[SourceItem, bool]],
+        jobs: Iterable[tuple[SourceItem, bool]],
         tick: Callable[[], None],
     ) -> None:
         """:meth:`run_root` for ``jobs`` (source item, replayed), up to ``concurrency`` at a time.
@@ -1061,13 +1061,20 @@ def _run_pulls_concurrently(
     from concurrent.futures import ThreadPoolExecutor
 
     replayed_restarts = set(plan.demoted)
-    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="datagen-item")
-    try:
+
+    def jobs() -> Iterator[tuple[SourceItem, bool]]:
+        # Consumed as threads free up: the next pull happens once the previous pull's items are all
+        # submitted, while its last ones still run (no idle tail per pull), and each pull's inbox
+        # commit still precedes its own items' work.
         for chunk in _pulls(restart, max(runner.group, MIN_PULL), runner.interval):
             writer._prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
             runner.pull([(by_id[iid], None) for iid in chunk])
-            # Each pull is drained before the next, so an inbox commit always precedes its items' work.
-            runner.run_concurrent(pool, concurrency, [(by_id[iid], iid in replayed_restarts) for iid in chunk], tick)
+            for iid in chunk:
+                yield by_id[iid], iid in replayed_restarts
+
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="datagen-item")
+    try:
+        runner.run_concurrent(pool, concurrency, jobs(), tick)
     except BaseException:
         # in-flight items are not acknowledged (they replay next run); their threads end on their own
         pool.shutdown(wait=False, cancel_futures=True)

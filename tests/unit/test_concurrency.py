@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_datagen.core import MapReduce, Sequence, Step, run_items
-from airflow_provider_datagen.core.runner import ItemFailedError
+from airflow_provider_datagen.core.runner import MIN_PULL, ItemFailedError
 from airflow_provider_datagen.exceptions import InvalidEventError
 from tests.integration.helpers_engine import Crash, flat_output, make_items, open_log, results_fp, statuses
 
@@ -189,6 +189,27 @@ def test_the_first_items_really_run_at_the_same_time(tmp_path: Any, concurrency:
     assert report.failed == []
     assert calls.max_now == concurrency
     assert set(statuses(log).values()) == {"completed"}
+
+
+def test_the_next_pull_starts_while_the_last_items_of_a_pull_still_run(tmp_path: Any) -> None:
+    """The last item of the first pull waits for the first item of the second: no drain between pulls."""
+    second_started = threading.Event()
+    waited: list[bool] = []
+
+    def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        if item["id"] == MIN_PULL:  # the first item of the second pull
+            second_started.set()
+        if item["id"] == MIN_PULL - 1:  # the last item of the first pull
+            waited.append(second_started.wait(timeout=10))
+        return flat_output(item)
+
+    log = open_log(tmp_path, "no-barrier")
+    report = run_items(log, make_items(MIN_PULL + 10), process, concurrency=2)
+    assert waited == [True]
+    assert report.failed == [] and set(statuses(log).values()) == {"completed"}
+    sequential = open_log(tmp_path, "sequential")
+    run_items(sequential, make_items(MIN_PULL + 10), lambda item, ctx: flat_output(item))
+    assert results_fp(log) == results_fp(sequential)
 
 
 @pytest.mark.parametrize(
