@@ -439,10 +439,10 @@ class _Runner:
         self,
         pool: ThreadPoolExecutor,
         concurrency: int,
-        jobs: Iterable[tuple[SourceItem, bool]],
+        jobs: Iterable[tuple[SourceItem, bool, bool]],
         tick: Callable[[], None],
     ) -> None:
-        """:meth:`run_root` for ``jobs`` (source item, replayed), up to ``concurrency`` at a time.
+        """:meth:`run_root` for ``jobs`` (source item, replayed, history), up to ``concurrency`` at a time.
 
         Workers only drive an item into a private buffer; this (main) thread stays the only writer: it
         merges a finished item's buffer into the shared batch and acknowledges it exactly as
@@ -451,7 +451,7 @@ class _Runner:
         """
         from concurrent.futures import FIRST_COMPLETED, wait
 
-        todo: Iterator[tuple[SourceItem, bool]] = iter(jobs)
+        todo: Iterator[tuple[SourceItem, bool, bool]] = iter(jobs)
         inflight: dict[Future[tuple[tuple[str, Any] | None, BaseException | None]], tuple[_ItemWorker, _Item]] = {}
         order: dict[str, int] = {}
         stopped: ItemFailedError | None = None
@@ -462,8 +462,11 @@ class _Runner:
                     job = next(todo, None)
                     if job is None:
                         break
-                    src, replayed = job
-                    item = _Item.start(src.item_id, src.key, src.data, src.fingerprint, None, {})
+                    src, replayed, history = job
+                    # A restarted root's children are read here, in the thread that owns the log, as
+                    # run_root reads them; a worker only primes the ids of children it creates.
+                    children = self._children_states(src.item_id) if self.has_fanout and history else {}
+                    item = _Item.start(src.item_id, src.key, src.data, src.fingerprint, None, children)
                     if replayed:
                         self.report.replayed.append(src.item_id)
                     worker = _ItemWorker.for_item(self)
@@ -883,9 +886,11 @@ class _ItemWorker(_Runner):
     """One item's driver on a worker thread: the runner's config and caches, its own batch and report.
 
     Shared caches are safe under the GIL: ``_coords``/``_names`` and the writer's shape caches only
-    ever get a key set to an equal value (or cleared), and the writer's item table is only read here
-    (its ids were primed before the pull; the main thread's commits replace values, never remove keys).
-    Fan-out pipelines never get here: they prime the writer and look up children per item.
+    ever get a key set to an equal value (or cleared). The writer's item table is read here, and a
+    fan-out primes its new children into it: a single key set, for ids no other item uses, whose events
+    stay in this worker's buffer until the main thread merges and commits them (the main thread's
+    commits replace values, never remove keys). A restarted root's existing children were looked up by
+    the main thread before the item was submitted.
     """
 
     @classmethod
@@ -895,6 +900,7 @@ class _ItemWorker(_Runner):
         worker.report = RunReport()
         worker.batch = runner._new_batch()
         worker.steps = 0
+        worker._known_children = set()  # per root, as run_root clears it per root
         return worker
 
     def work(self, item: _Item) -> tuple[tuple[str, Any] | None, BaseException | None]:
@@ -947,7 +953,8 @@ def run_items(
     I/O-bound calls that release the GIL (model or HTTP calls) overlap; the user's code must then be
     thread-safe. Results are the same as with ``concurrency=1``: one thread still does every write and
     commit, acknowledging items as they finish. Inbox replays stay sequential (a few items resuming
-    mid-cursor); fan-out pipelines and ``checkpoint_every=1`` are refused with it.
+    mid-cursor); ``checkpoint_every=1`` is refused with it. Fan-out children run inside their root's
+    thread, one after another.
     """
     if checkpoint_every is not None and (
         isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1
@@ -963,11 +970,6 @@ def run_items(
             f"concurrency (got concurrency={concurrency})"
         )
     pipeline = as_pipeline(process_or_pipeline)
-    if concurrency > 1 and _has_fanout(pipeline):
-        raise InvalidEventError(
-            "a pipeline with fan-out steps (MapReduce, Branch, SubPipeline) runs items one at a time; "
-            f"use concurrency=1 with it (got concurrency={concurrency})"
-        )
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
     states = log.states()
@@ -1062,7 +1064,7 @@ def _run_pulls_concurrently(
 
     replayed_restarts = set(plan.demoted)
 
-    def jobs() -> Iterator[tuple[SourceItem, bool]]:
+    def jobs() -> Iterator[tuple[SourceItem, bool, bool]]:
         # Consumed as threads free up: the next pull happens once the previous pull's items are all
         # submitted, while its last ones still run (no idle tail per pull), and each pull's inbox
         # commit still precedes its own items' work.
@@ -1070,7 +1072,7 @@ def _run_pulls_concurrently(
             writer._prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
             runner.pull([(by_id[iid], None) for iid in chunk])
             for iid in chunk:
-                yield by_id[iid], iid in replayed_restarts
+                yield by_id[iid], iid in replayed_restarts, iid in plan.last_seq
 
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="datagen-item")
     try:

@@ -315,7 +315,8 @@ class DatagenMapOperator(_DatagenBase):
     :param progress_interval: seconds between progress lines in the task log.
     :param concurrency: items processed at once in threads, for I/O-bound ``process`` functions (model
         or HTTP calls); ``process`` must then be thread-safe. ``1`` (the default) runs items one at a
-        time; more is refused with ``checkpoint_every=1`` and with fan-out pipelines.
+        time; more is refused with ``checkpoint_every=1``. A fan-out's children run in their root's
+        thread.
     :param datagen_conn_id: connection of type ``datagen``.
     """
 

@@ -36,10 +36,10 @@ KILLS = [
 ]
 
 
-def clean_run(root: Path, every: int | None) -> tuple[dict[str, str], str]:
-    log = open_log(root, f"clean-{every}")
-    run_items(log, make_items(N), build_pipeline("flat", Recorder()), checkpoint_every=every)
-    return collect_results(log), export_results(log, str(root / f"clean-{every}.lance"))
+def clean_run(root: Path, every: int | None, kind: str = "flat") -> tuple[dict[str, str], str]:
+    log = open_log(root, f"clean-{kind}-{every}")
+    run_items(log, make_items(N), build_pipeline(kind, Recorder()), checkpoint_every=every)
+    return collect_results(log), export_results(log, str(root / f"clean-{kind}-{every}.lance"))
 
 
 def resume_and_compare(
@@ -50,18 +50,19 @@ def resume_and_compare(
     expected: dict[str, str],
     clean_fp: str,
     export_to: Path,
+    kind: str = "flat",
 ) -> Recorder:
     """Resume a killed log; acknowledged items are not invoked again and the result equals a clean run."""
     rec = Recorder()
     run_items(
         log,
         make_items(N),
-        build_pipeline("flat", rec),
+        build_pipeline(kind, rec),
         checkpoint_every=every,
         epoch=log.next_epoch(),
         concurrency=concurrency,
     )
-    assert not acked & set(rec.calls)  # acknowledged work is never redone
+    assert not acked & {c.split("/")[0] for c in rec.calls}  # acknowledged work is never redone
     assert collect_results(log) == expected
     assert export_results(log, str(export_to)) == clean_fp
     return rec
@@ -81,6 +82,24 @@ def test_a_killed_threaded_run_resumes_to_the_sequential_result(
     assert len(acked) < N  # the kill really interrupted the run
     rec = resume_and_compare(log, every, resume_concurrency, acked, expected, clean_fp, tmp_path / "resumed.lance")
     assert sorted(rec.calls) == sorted(str(i) for i in range(N) if str(i) not in acked)
+
+
+FANOUT_KILLS = [(None, Kill("invocation", 20)), (None, Kill("pull", 1)), (4, Kill("commit", 3))]
+
+
+@pytest.mark.parametrize(("every", "kill"), FANOUT_KILLS, ids=[f"every{e}-{k.mode}@{k.after}" for e, k in FANOUT_KILLS])
+def test_a_killed_threaded_fanout_run_resumes_to_the_sequential_result(
+    tmp_path: Path, every: int | None, kill: Kill
+) -> None:
+    """The same with a pipeline of every driver and a MapReduce fan-out ("steps"): children run in threads."""
+    expected, clean_fp = clean_run(tmp_path, every, "steps")
+    s = Schedule("fan-threads", "steps", N, every, [kill])
+    proc = run_worker(worker_cmd(tmp_path, s.name, s, kill, concurrency=4))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    log = open_log(tmp_path, s.name)
+    acked = check_after_kill(log, expected, str(s))
+    assert len(acked) < N
+    resume_and_compare(log, every, 4, acked, expected, clean_fp, tmp_path / "resumed.lance", "steps")
 
 
 def test_a_parent_sigkills_a_threaded_worker_at_random_moments(tmp_path: Path) -> None:

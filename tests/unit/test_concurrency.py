@@ -16,10 +16,19 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_datagen.core import MapReduce, Sequence, Step, run_items
+from airflow_provider_datagen.core import Sequence, Step, run_items
 from airflow_provider_datagen.core.runner import MIN_PULL, ItemFailedError
 from airflow_provider_datagen.exceptions import InvalidEventError
-from tests.integration.helpers_engine import Crash, flat_output, make_items, open_log, results_fp, statuses
+from tests.integration.helpers_engine import (
+    Crash,
+    flat_output,
+    make_items,
+    open_log,
+    raw_events,
+    results_fp,
+    statuses,
+    steps_pipeline,
+)
 
 N = 40
 
@@ -233,16 +242,59 @@ def test_bad_concurrency_arguments_are_refused_before_any_write(tmp_path: Any, k
     assert log.version == version and not calls.by_item
 
 
-def test_fanout_pipelines_run_items_one_at_a_time(tmp_path: Any) -> None:
-    log = open_log(tmp_path, "fan")
-    fan = MapReduce(
-        "fan",
-        over=lambda item, ctx: [{"x": 1}, {"x": 2}],
-        map=Step("leaf", lambda item, ctx: {"y": item["x"]}),
-        reduce=lambda children, ctx: {"n": len(children)},
-    )
-    assert run_items(log, make_items(3), Sequence("top", [fan])).processed == ["0", "1", "2"]
-    version = log.version
-    with pytest.raises(InvalidEventError, match=r"fan-out steps .* runs items one at a time"):
-        run_items(log, make_items(6), Sequence("top", [fan]), concurrency=2, epoch=2)
-    assert log.version == version
+def _fanout_pipeline(calls: Calls, crash_on: str | None = None) -> Any:
+    """Every driver and a MapReduce fan-out (helpers_engine's "steps"), with per-leaf latency."""
+
+    def hook(step: str, ctx: Any) -> None:
+        calls.record(f"{ctx.item_id}@{step}#{ctx.iteration}")
+        with calls:
+            time.sleep(_sleep_for(ctx.item_id) / 2)
+        if crash_on is not None and ctx.item_id == crash_on:
+            raise Crash(f"crash on {crash_on}")
+
+    return steps_pipeline(hook)
+
+
+def _event_ids(log: Any) -> list[tuple[str, int, str]]:
+    events = raw_events(log, ["item_id", "item_seq", "event_id"])
+    return sorted(zip(*(events[c].to_pylist() for c in ("item_id", "item_seq", "event_id"))))
+
+
+def test_fanout_pipelines_run_threaded_with_the_sequential_events(tmp_path: Any) -> None:
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    seq_calls, par_calls = Calls(), Calls()
+    seq = run_items(seq_log, make_items(N), _fanout_pipeline(seq_calls))
+    par = run_items(par_log, make_items(N), _fanout_pipeline(par_calls), concurrency=4)
+    assert par_calls.by_item == seq_calls.by_item and set(par_calls.by_item.values()) == {1}
+    assert any("/fan:" in k for k in par_calls.by_item)  # the children really ran
+    assert par_calls.max_now > 1
+    assert sorted(par.processed) == sorted(seq.processed) and par.invocations == seq.invocations
+    assert _event_ids(par_log) == _event_ids(seq_log)  # same events, sequence numbers and content
+    assert results_fp(par_log) == results_fp(seq_log)
+
+
+def test_restarted_fanout_roots_run_threaded_with_the_sequential_events(tmp_path: Any) -> None:
+    # edited roots restart with history: their children are read from the log before submission
+    logs = {}
+    for name, concurrency in (("seq", 1), ("par", 4)):
+        log = logs[name] = open_log(tmp_path, name)
+        run_items(log, make_items(N), _fanout_pipeline(Calls()))
+        edited = [dict(it, text=f"{it['text']}-edited") if it["id"] % 3 == 0 else it for it in make_items(N)]
+        report = run_items(log, edited, _fanout_pipeline(Calls()), epoch=2, concurrency=concurrency)
+        assert sorted(report.processed) == sorted(str(i) for i in range(0, N, 3))
+    assert _event_ids(logs["par"]) == _event_ids(logs["seq"])
+    assert results_fp(logs["par"]) == results_fp(logs["seq"])
+
+
+def test_a_crash_in_a_fanout_child_keeps_acked_items_and_the_rest_replay(tmp_path: Any) -> None:
+    clean_log, log = open_log(tmp_path, "clean"), open_log(tmp_path, "crashy")
+    run_items(clean_log, make_items(N), _fanout_pipeline(Calls()))
+    with pytest.raises(Crash, match="crash on 17/fan:1"):
+        run_items(log, make_items(N), _fanout_pipeline(Calls(), crash_on="17/fan:1"), concurrency=4, reraise=(Crash,))
+    done = {i for i, v in statuses(log).items() if v == "completed" and "/" not in i}
+    assert "17" not in done
+    resumed = Calls()
+    report = run_items(log, make_items(N), _fanout_pipeline(resumed), concurrency=4, epoch=2)
+    assert not done & {k.split("/")[0].split("@")[0] for k in resumed.by_item}  # acked roots never rerun
+    assert sorted(report.skipped) == sorted(done)
+    assert results_fp(log) == results_fp(clean_log)
