@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -466,6 +466,8 @@ class _Runner:
                     # A restarted root's children are read here, in the thread that owns the log, as
                     # run_root reads them; a worker only primes the ids of children it creates.
                     children = self._children_states(src.item_id) if self.has_fanout and history else {}
+                    if children:  # their blob-stored values too: a worker never reads the log
+                        children = {cid: replace(st, fields=_loaded(st.fields)) for cid, st in children.items()}
                     item = _Item.start(src.item_id, src.key, src.data, src.fingerprint, None, children)
                     if replayed:
                         self.report.replayed.append(src.item_id)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_datagen.core import Sequence, Step, run_items
+from airflow_provider_datagen.core import CheckpointLog, MapReduce, Sequence, Step, run_items
 from airflow_provider_datagen.core.runner import MIN_PULL, ItemFailedError
 from airflow_provider_datagen.exceptions import InvalidEventError
 from tests.integration.helpers_engine import (
@@ -298,3 +298,40 @@ def test_a_crash_in_a_fanout_child_keeps_acked_items_and_the_rest_replay(tmp_pat
     assert not done & {k.split("/")[0].split("@")[0] for k in resumed.by_item}  # acked roots never rerun
     assert sorted(report.skipped) == sorted(done)
     assert results_fp(log) == results_fp(clean_log)
+
+
+def test_workers_never_read_the_log_for_a_restarted_fanout_root(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Children with blob-stored outputs are loaded by the main thread before their root is submitted."""
+    blob = MapReduce(
+        "fan",
+        over=lambda item, ctx: [{"k": k} for k in range(3)],
+        map=Step("leaf", lambda item, ctx: {"raw": bytes([item["k"]]) * 40_000}),
+        reduce=lambda children, ctx: {"sizes": [len(c["raw"]) for c in children]},
+    )
+
+    def last(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return {"n": len(ctx.fields["sizes"]), "text": item["text"]}
+
+    pipeline = Sequence("top", [blob, Step("last", last)])
+
+    readers: list[str] = []
+    original = CheckpointLog.load_blob
+
+    def load_blob(log: CheckpointLog, event_id: str) -> bytes:
+        readers.append(threading.current_thread().name)
+        return original(log, event_id)
+
+    monkeypatch.setattr(CheckpointLog, "load_blob", load_blob)
+    logs = {}
+    for name, concurrency in (("seq", 1), ("par", 4)):
+        log = logs[name] = open_log(tmp_path, name)
+        run_items(log, make_items(8), pipeline)
+        readers.clear()
+        # edited roots restart: their children's inputs did not change, so the done children are
+        # reused and their blob-stored outputs loaded
+        edited = [dict(it, text="edited") if it["id"] in (2, 5) else it for it in make_items(8)]
+        report = run_items(log, edited, pipeline, epoch=2, concurrency=concurrency)
+        assert sorted(report.processed) == ["2", "5"]
+        assert readers and set(readers) == {threading.current_thread().name}
+    assert _event_ids(logs["par"]) == _event_ids(logs["seq"])
+    assert results_fp(logs["par"]) == results_fp(logs["seq"])
