@@ -184,6 +184,32 @@ def test_interrupted_history_exports_the_uninterrupted_fingerprint(
     assert flaky.xcom("export")["rows"] == clean.xcom("export")["rows"] == 10
 
 
+def test_map_operator_with_concurrency_runs_a_fanout_pipeline_as_sequentially(
+    run_dag_file: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The example's Loop + MapReduce + Conditional pipeline, 4 roots at a time per chunk."""
+    from airflow_provider_datagen.examples import questions
+
+    runs = {}
+    for name, extra in (("ops_fan_conc", ", concurrency=4"), ("ops_fan_seq", "")):
+        dag = _dag(
+            name,
+            tmp_path,
+            source=questions(12),
+            experiment=name,
+            process="airflow_provider_datagen.examples:qa_pipeline",
+            chunk=6,
+            map_extra=extra,
+        )
+        runs[name] = run = run_dag_file(dag, name)
+        assert run.state == "success"
+        assert [run.xcom("generate", map_index=i)["processed"] for i in (0, 1)] == [6, 6]
+        assert run.xcom("export")["rows"] == 12
+    assert runs["ops_fan_conc"].xcom("export")["fingerprint"] == runs["ops_fan_seq"].xcom("export")["fingerprint"]
+    children = [i for i in _log("ops_fan_conc").states()["item_id"].to_pylist() if "/solve_twice:" in i]
+    assert len(children) == 24  # two solver children per question, created by the threaded run
+
+
 def test_map_operator_with_concurrency_processes_every_item_once(
     run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
 ) -> None:
