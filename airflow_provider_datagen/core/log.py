@@ -854,9 +854,11 @@ class CheckpointLog:
         blob_threshold: int = DEFAULT_BLOB_THRESHOLD,
         auto_maintain_fragments: int | None = 512,
         durable: bool = True,
+        remember_fold: bool = True,
     ) -> None:
         self.root = root
         self.durable = durable
+        self.remember_fold = remember_fold
         self._max_fragment_id = -1
         self.pipeline = pipeline
         self.experiment = experiment
@@ -889,8 +891,13 @@ class CheckpointLog:
         blob_threshold: int = DEFAULT_BLOB_THRESHOLD,
         auto_maintain_fragments: int | None = 512,
         durable: bool = True,
+        remember_fold: bool = True,
     ) -> CheckpointLog:
-        """Open (lazily) the log of ``pipeline``/``experiment`` under ``root`` (a path or a URI)."""
+        """Open (lazily) the log of ``pipeline``/``experiment`` under ``root`` (a path or a URI).
+
+        ``remember_fold`` keeps the last :meth:`states` in memory so the next one re-folds only what
+        changed; a process that holds many logs open for long (the UI) turns it off.
+        """
         check_name(pipeline, "pipeline")
         check_name(experiment, "experiment")
         root_s = os.fspath(root)
@@ -906,6 +913,7 @@ class CheckpointLog:
             blob_threshold=blob_threshold,
             auto_maintain_fragments=auto_maintain_fragments,
             durable=durable,
+            remember_fold=remember_fold,
         )
         lg._dataset()  # validates an existing dataset (schema version, is it ours) before any use
         return lg
@@ -1373,7 +1381,8 @@ class CheckpointLog:
             return STATE_SCHEMA.empty_table(), None
         version = int(ds.version)
         table, index = self._states_at(ds, version, ids)
-        self._memo = (version, self._version_token(version), table)
+        if self.remember_fold:
+            self._memo = (version, self._version_token(version), table)
         return table, index
 
     def _version_token(self, version: int) -> tuple[int, int] | None:

@@ -348,6 +348,8 @@ class Reader:
                 pipeline=ref.pipeline,
                 experiment=ref.experiment,
                 storage_options=self.storage_options or None,
+                # every experiment ever shown stays open here: its folds live in the bounded caches
+                remember_fold=False,
             )
             with self._logs_lock:
                 lg = self._logs.setdefault(ref, lg)

@@ -133,3 +133,24 @@ def test_a_dataset_without_stable_row_ids_is_always_folded_whole(tmp_path: Any) 
     _write(log, "w", [("done", n) for n in range(5)])
     assert {r["status"] for r in log.states().to_pylist()} == {"completed"}
     assert _sorted(log.states()) == _fresh_states(log)
+
+
+def test_a_log_told_not_to_remember_folds_keeps_none(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = CheckpointLog.open(tmp_path, pipeline="p", experiment="forget", remember_fold=False)
+    _write(log, "w", [(op, n) for n in range(20) for op in ("create", "done")])
+    first = log.states()
+    assert log._memo is None
+    count = ScanCount(monkeypatch)
+    assert log.states().equals(first)
+    assert count.calls > 0  # folded again
+
+
+def test_the_ui_reader_holds_no_fold_in_its_open_logs(tmp_path: Any) -> None:
+    from airflow_provider_datagen.plugins.data import Reader
+
+    log = open_log(tmp_path, "shown")
+    _write(log, "w", [(op, n) for n in range(20) for op in ("create", "done")])
+    reader = Reader(str(tmp_path))
+    prepared = reader.prepared(log.pipeline, "shown")
+    assert prepared.summary["completed"] == 20
+    assert reader.log(log.pipeline, "shown")._memo is None  # the bounded cache holds the fold
