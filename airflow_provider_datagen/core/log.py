@@ -1002,8 +1002,7 @@ class CheckpointLog:
             )
 
     def _dataset(self) -> lance.LanceDataset | None:
-        if self._inflight is not None:
-            self._wait_appends()  # read your own writes: a pipelined append lands first
+        self._wait_appends()  # read your own writes: a pipelined append lands first
         with self._lock:
             if self._ds is None:
                 self._ds = self._open_dataset()
@@ -1066,7 +1065,7 @@ class CheckpointLog:
         The committer thread itself never waits (an automatic maintenance inside its append reads the
         log); ``close`` also ends the thread, so an idle log holds none.
         """
-        if threading.get_ident() == self._committer_ident:
+        if (self._inflight is None and not close) or threading.get_ident() == self._committer_ident:
             return
         fut, self._inflight = self._inflight, None
         try:
@@ -1079,8 +1078,7 @@ class CheckpointLog:
                 self._committer_ident = None
 
     def _append(self, table: pa.Table) -> None:
-        if self._inflight is not None:
-            self._wait_appends()
+        self._wait_appends()
         # No refresh before appending: Lance rebases an append onto whatever version is latest at
         # commit time (appends never conflict), so reading the newest manifest first is wasted I/O.
         ds = self._ds if self._ds is not None else self._dataset()

@@ -353,7 +353,7 @@ class _Runner:
         self.flush()
         inbox = self._new_batch()
         inbox._created_many(ids, fps, self.pv)
-        self.report.events += self.writer.commit(inbox, wait=not self.pipelined)
+        self.report.events += self.writer.commit(inbox)
         self.report.commits += 1
 
     # --- driving items ------------------------------------------------------------------------
@@ -400,23 +400,18 @@ class _Runner:
         except BaseException as exc:
             self._on_failure(self._bare_item(src), _StepFailure(iid, coord, exc))
             return
-        b = self.batch
         filtered, reason = ctx._filtered
         try:
-            if ctx._ops or sets or filtered:
-                if ctx._ops or sets:
-                    self._stage_delta(iid, coord.step, sets, ctx._ops)
-                b._shaped(iid, shape)
-            else:  # the common case: STEP_COMPLETED and TERMINAL(completed), nothing else
-                b._shaped(iid, shape, done)
+            if ctx._ops or sets:
+                self._stage_delta(iid, coord.step, sets, ctx._ops)
+            # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
+            self.batch._shaped(iid, shape, None if filtered else done)
         except BaseException as exc:
             self._on_failure(self._bare_item(src), exc)
             return
         self.steps += 1
         if filtered:
-            b.terminal(iid, status=_FILTERED, reason=reason)
-        elif ctx._ops or sets:
-            b._shaped(iid, done)
+            self.batch.terminal(iid, status=_FILTERED, reason=reason)
         self.acked += 1
         self.report.processed.append(iid)
         if self._flush_due():

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_provider_datagen.core.events import _FAST, fingerprint_of
-from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, root_item_id
+from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 
@@ -137,15 +137,8 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
             if kind is str:
                 # _check_key's surrogate test is left to the item's UTF-8 encoding below: the key is
                 # one of the item's values, so a key with a lone surrogate fails that encode
-                iid = (
-                    key
-                    if 0 < len(key) <= MAX_KEY_LENGTH
-                    and "%" not in key
-                    and "/" not in key
-                    and ":" not in key
-                    and "\x00" not in key
-                    else None
-                )
+                # escape_key returns the key itself when nothing needs escaping
+                iid = key if 0 < len(key) <= MAX_KEY_LENGTH and "\x00" not in key and escape_key(key) is key else None
             elif kind is int and _INT_KEY_MIN < key < _INT_KEY_MAX:
                 iid = str(key)  # digits and a sign: nothing to escape, never too long
             else:
