@@ -13,7 +13,9 @@ equal.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,7 @@ from airflow_provider_datagen.core.events import Event, StepCoord
 from airflow_provider_datagen.core.schema import EventType, ItemStatus
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Iterable
 
 VIOLATION_CONFLICT = "conflict"
 VIOLATION_STALE_EPOCH = "stale_epoch"
@@ -334,39 +336,132 @@ def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(col.to_numpy(), dtype=np.int64)
 
 
-def item_codes(item_ids: pa.ChunkedArray | pa.Array, ids: pa.Array | None) -> tuple[np.ndarray, pa.Array]:
-    """An integer code per row for its item id, and the id of each code.
+def _mask(col: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:
+    return np.asarray(pc.equal(col, value).fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
 
-    Hashing 5M id strings was the fold's largest single cost (about a quarter of it). The log is
-    written a commit at a time and an ack commit carries each item's events side by side, so ids come
-    in runs: one vectorized comparison with the previous row finds the runs, and only run heads are
-    hashed. With ``ids`` (unique ids, e.g. a source's), code ``i < len(ids)`` means ``ids[i]``: the
-    fold's rows then line up with the source, and the planner's own id lookup disappears. Ids not in
-    ``ids`` get codes from ``len(ids)`` on.
+
+class MisalignedStreamsError(ValueError):
+    """The two streams of :func:`fold_batches` did not list the same number of rows."""
+
+
+# Row types that steer the fold; every other event type only counts towards last_seq / max_epoch.
+_CREATED, _TERMINAL, _FAILED = 1, 2, 3
+
+
+class _Compacted:
+    """The light columns of a stream of event batches, reduced batch by batch to what the fold needs.
+
+    Holding whole string columns made a cold fold of 5M events peak at about 1.2 GB above the
+    source. Per row the fold needs only numbers (an item code, sequence, epoch, event key and a
+    type code); the strings it reads are the fingerprint and processor version of ``ITEM_CREATED``
+    rows and the status of ``TERMINAL`` rows, a fifth of the log. So each batch is reduced to those
+    as it arrives and dropped; item ids are kept only at run heads (an ack commit writes an item's
+    events side by side) and hashed once, after the scan.
     """
-    arr = item_ids.combine_chunks() if isinstance(item_ids, pa.ChunkedArray) else item_ids
-    n = len(arr)
-    change = np.ones(n, dtype=bool)
-    if n > 1:
-        same = pc.equal(arr.slice(1), arr.slice(0, n - 1)).fill_null(False)
-        change[1:] = ~np.asarray(same.to_numpy(zero_copy_only=False), dtype=bool)
-    heads = np.flatnonzero(change)
-    head_ids = arr if len(heads) == n else arr.take(pa.array(heads))
-    if ids is None:
-        enc = pc.dictionary_encode(head_ids)
-        head_codes = _ints(enc.indices)
-        dictionary = enc.dictionary
-    else:
-        head_codes = _ints(pc.index_in(head_ids, value_set=ids).fill_null(-1))
-        miss = head_codes < 0
-        dictionary = ids
-        if miss.any():
-            enc = pc.dictionary_encode(head_ids.filter(pa.array(miss)))
-            head_codes[miss] = len(ids) + _ints(enc.indices)
-            dictionary = pa.concat_arrays([ids.cast(pa.string()), enc.dictionary.cast(pa.string())])
-    if len(heads) == n:
-        return head_codes, dictionary
-    return np.repeat(head_codes, np.diff(np.append(heads, n))), dictionary
+
+    def __init__(self) -> None:
+        self.rows = 0  # rows reduced by add_rest
+        self.id_rows = 0  # rows reduced by add_ids
+        self.head_ids: list[pa.Array] = []
+        self.head_pos: list[np.ndarray] = []
+        self.seq: list[np.ndarray] = []
+        self.epoch: list[np.ndarray] = []
+        self.ekey: list[np.ndarray] = []
+        self.kind: list[np.ndarray] = []
+        self.created_fp: list[pa.Array] = []
+        self.created_pv: list[pa.Array] = []
+        self.terminal_status: list[pa.Array] = []
+        self.hashed: tuple[np.ndarray, np.ndarray, pa.Array] | None = None
+
+    def add(self, batch: pa.RecordBatch | pa.Table) -> None:
+        self.add_ids(batch)
+        self.add_rest(batch)
+
+    def add_ids(self, batch: pa.RecordBatch | pa.Table) -> None:
+        n = batch.num_rows
+        if n == 0:
+            return
+        ids = _flat(batch.column("item_id"))
+        change = np.ones(n, dtype=bool)
+        if n > 1:
+            same = pc.equal(ids.slice(1), ids.slice(0, n - 1)).fill_null(False)
+            change[1:] = ~np.asarray(same.to_numpy(zero_copy_only=False), dtype=bool)
+        heads = np.flatnonzero(change)
+        self.head_ids.append(ids if len(heads) == n else ids.take(pa.array(heads)))
+        self.head_pos.append(heads + self.id_rows)
+        self.id_rows += n
+
+    def add_rest(self, batch: pa.RecordBatch | pa.Table) -> None:
+        n = batch.num_rows
+        if n == 0:
+            return
+        seq = _ints(batch.column("item_seq"))
+        epoch = _ints(batch.column("writer_epoch"))
+        if seq.min(initial=0) < 0 or seq.max(initial=0) > _MAX_31 or epoch.max(initial=0) > _MAX_31:
+            raise ValueError("item_seq and writer_epoch must be within [0, 2**31)")
+        self.seq.append(seq.astype(np.int32))
+        self.epoch.append(epoch.astype(np.int32))
+        # a copy: a view would keep the scan's whole decoded buffer alive (measured: 400 MB per 5M events)
+        self.ekey.append(_ints(batch.column("event_key")).copy())
+        etype = batch.column("event_type")
+        created = _mask(etype, EventType.ITEM_CREATED.value)
+        terminal = _mask(etype, EventType.TERMINAL.value)
+        kind = np.zeros(n, dtype=np.int8)
+        kind[created] = _CREATED
+        kind[terminal] = _TERMINAL
+        kind[_mask(etype, EventType.FAILED.value)] = _FAILED
+        self.kind.append(kind)
+        taken = pa.array(np.flatnonzero(created))
+        self.created_fp.append(_flat(batch.column("input_fingerprint").take(taken)))
+        self.created_pv.append(_flat(batch.column("processor_version").take(taken)))
+        self.terminal_status.append(_flat(batch.column("status").take(pa.array(np.flatnonzero(terminal)))))
+        self.rows += n
+
+    def hash_ids(self, ids: pa.Array | None) -> None:
+        """Give every run head an item code; with ``ids`` (unique ids, e.g. a source's), code ``i`` is ``ids[i]``.
+
+        The fold's rows then line up with the source, and the planner's own id lookup disappears. Ids
+        not in ``ids`` get codes from ``len(ids)`` on. Only run heads are hashed, once, after the scan
+        of the ids (possibly while the other columns are still being reduced).
+        """
+        if not self.head_ids:
+            self.hashed = (np.zeros(0, np.int64), np.zeros(0, np.int64), ids or pa.array([], pa.string()))
+            return
+        head_ids = pa.concat_arrays([a.cast(pa.string()) for a in self.head_ids])
+        heads = np.concatenate(self.head_pos)
+        self.head_ids, self.head_pos = [], []
+        if ids is None:
+            enc = pc.dictionary_encode(head_ids)
+            head_codes = _ints(enc.indices)
+            dictionary = enc.dictionary
+        else:
+            head_codes = _ints(pc.index_in(head_ids, value_set=ids).fill_null(-1))
+            miss = head_codes < 0
+            dictionary = ids
+            if miss.any():
+                enc = pc.dictionary_encode(head_ids.filter(pa.array(miss)))
+                head_codes[miss] = len(ids) + _ints(enc.indices)
+                dictionary = pa.concat_arrays([ids.cast(pa.string()), enc.dictionary.cast(pa.string())])
+        self.hashed = (head_codes, heads, dictionary)
+
+    def keys(self, ids: pa.Array | None) -> tuple[np.ndarray, pa.Array]:
+        """Per row its item's code shifted left by 32 (the caller adds ``item_seq``); and each code's id."""
+        if self.id_rows != self.rows:
+            raise MisalignedStreamsError(f"item ids: {self.id_rows} rows, the other columns: {self.rows}")
+        if self.hashed is None:
+            self.hash_ids(ids)
+        assert self.hashed is not None
+        head_codes, heads, dictionary = self.hashed
+        self.hashed = None
+        head_codes <<= 32
+        if len(heads) == self.rows:
+            return head_codes, dictionary
+        # the codes are shifted while still one per run: one full-length allocation
+        return np.repeat(head_codes, np.diff(np.append(heads, self.rows))), dictionary
+
+
+def _flat(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
 def fold_table(events: pa.Table) -> pa.Table:
@@ -376,26 +471,60 @@ def fold_table(events: pa.Table) -> pa.Table:
     ``processor_version``, ``writer_epoch`` and ``event_key``; never the blob column. The common case
     (no duplicate sequences) costs one integer argsort; duplicates and conflicts take a lexsort.
     """
-    return _fold(events, None)[0]
+    return fold_batches(events.to_batches())[0]
 
 
-def fold_aligned(
-    events: pa.Table,
-    ids: pa.Array,
-    *,
-    codes: tuple[np.ndarray, pa.Array] | None = None,
-    late: Callable[[], pa.Table] | None = None,
-) -> tuple[pa.Table, np.ndarray]:
+def fold_aligned(events: pa.Table, ids: pa.Array) -> tuple[pa.Table, np.ndarray]:
     """:func:`fold_table`, plus for each of ``ids`` (unique) its row in the result, or -1 without events.
 
-    The planner's form: it folds and matches the source's ids in one hashing pass. ``codes`` is
-    ``item_codes(events["item_id"], ids)`` when the caller computed it already (while scanning);
-    ``events`` then needs no ``item_id`` column. ``late`` returns the same rows' ``status``,
-    ``input_fingerprint`` and ``processor_version`` (then absent from ``events``): the fold asks for
-    them only once it knows which rows it needs, so the caller can still be reading them.
+    The planner's form: it folds and matches the source's ids in one hashing pass.
     """
-    table, codes_of_rows = _fold(events, ids, codes, late)
-    return table, _index_of(codes_of_rows, len(ids))
+    table, index = fold_batches(events.to_batches(), ids)
+    assert index is not None
+    return table, index
+
+
+def fold_batches(
+    batches: Iterable[pa.RecordBatch | pa.Table],
+    ids: pa.Array | None = None,
+    *,
+    other: Iterable[pa.RecordBatch | pa.Table] | None = None,
+) -> tuple[pa.Table, np.ndarray | None]:
+    """:func:`fold_table` over a stream of light-column batches, never holding the whole stream.
+
+    Each batch is reduced to numbers as it arrives (:class:`_Compacted`), so a scan of millions of
+    events costs a fraction of their columns' memory. With ``ids`` (unique), also each id's row in
+    the result, or -1 when it has no events (see :func:`fold_aligned`).
+
+    ``other``: the same rows' other columns as a second stream (then ``batches`` needs only
+    ``item_id``). It is reduced on a worker thread, so hashing the ids (a third of the fold) runs
+    while the wider columns are still being read; the two streams must list the same rows in order.
+    """
+    acc = _Compacted()
+    if other is None:
+        for batch in batches:
+            acc.add(batch)
+    else:
+        stop = threading.Event()
+
+        def reduce_other() -> None:
+            for part in other:
+                if stop.is_set():
+                    return
+                acc.add_rest(part)
+
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="datagen-fold") as pool:
+            rest = pool.submit(reduce_other)
+            try:
+                for batch in batches:
+                    acc.add_ids(batch)
+                acc.hash_ids(ids)
+            except BaseException:
+                stop.set()
+                raise
+            rest.result()
+    table, codes = _fold(acc, ids)
+    return table, None if ids is None else _index_of(codes, len(ids))
 
 
 def _index_of(codes: np.ndarray, n: int) -> np.ndarray:
@@ -405,38 +534,37 @@ def _index_of(codes: np.ndarray, n: int) -> np.ndarray:
     return index
 
 
-def _fold(
-    events: pa.Table,
-    ids: pa.Array | None,
-    codes: tuple[np.ndarray, pa.Array] | None = None,
-    late: Callable[[], pa.Table] | None = None,
-) -> tuple[pa.Table, np.ndarray]:
-    """The vectorized fold; returns the state table and each state row's item code."""
-    n = events.num_rows
+def _sparse_take(values: list[pa.Array], idx: np.ndarray, present: np.ndarray) -> pa.Array:
+    """``values`` (one list, in scan order) at ``idx`` where ``present``, null elsewhere."""
+    if not present.any():
+        return pa.nulls(len(idx), pa.string())
+    flat = pa.concat_arrays([v.cast(pa.string()) for v in values])
+    # masked slots still get an in-range index
+    return pc.take(flat, pa.array(np.where(present, idx, 0), mask=~present))
+
+
+def _fold(acc: _Compacted, ids: pa.Array | None) -> tuple[pa.Table, np.ndarray]:
+    """The vectorized fold over compacted rows; returns the state table and each state row's item code."""
+    n = acc.rows
     if n == 0:
         return STATE_SCHEMA.empty_table(), np.zeros(0, np.int64)
-    code, dictionary = item_codes(events["item_id"], ids) if codes is None else codes
-    seq = _ints(events["item_seq"])
-    epoch = _ints(events["writer_epoch"])
-    # Three masks, not a code per row: only these types steer the fold (string equality over the
-    # column costs half a dictionary encoding).
-    etype = events["event_type"]
-    is_created, is_terminal, is_failed = (
-        np.asarray(pc.equal(etype, t.value).fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
-        for t in (EventType.ITEM_CREATED, EventType.TERMINAL, EventType.FAILED)
-    )
-    del etype
-    if seq.min(initial=0) < 0 or seq.max(initial=0) > _MAX_31 or epoch.max(initial=0) > _MAX_31:
-        raise ValueError("item_seq and writer_epoch must be within [0, 2**31)")
+    k1, dictionary = acc.keys(ids)
+    seq = np.concatenate(acc.seq)
+    acc.seq = []
+    k1 |= seq
+    kind = np.concatenate(acc.kind)
+    acc.kind = []
+    epoch = np.concatenate(acc.epoch)
+    acc.epoch = []
 
-    k1 = (code << 32) | seq
-    del code
-    order = np.argsort(k1, kind="stable")
-    sk = k1[order]
-    if n > 1 and bool(np.any(sk[1:] == sk[:-1])):
+    # A log written item by item is often in order already: then no sort and no gathers.
+    ordered = n < 2 or bool(np.all(k1[1:] > k1[:-1]))
+    order = np.arange(n) if ordered else np.argsort(k1, kind="stable")
+    sk = k1 if ordered else k1[order]
+    if not ordered and bool(np.any(sk[1:] == sk[:-1])):
         # Rare path (retried batches, zombies, concurrent owners): drop exact duplicates keeping the
         # highest epoch, then order each sequence by (-epoch, event_key) so its first row wins.
-        ekey = _ints(events["event_key"])
+        ekey = np.concatenate(acc.ekey)
         o1 = np.lexsort((-epoch, ekey, k1))
         same = np.zeros(n, dtype=bool)
         same[1:] = (k1[o1][1:] == k1[o1][:-1]) & (ekey[o1][1:] == ekey[o1][:-1])
@@ -447,12 +575,14 @@ def _fold(
         order = keep[o2]
         s_first = first[o2]
         sk = k1[order]
+        del ekey
     else:
         s_first = None
+    acc.ekey = []
     del k1
     m = len(order)
     s_code = sk >> 32
-    s_epoch = epoch[order]
+    s_epoch = epoch if ordered else epoch[order]
     if s_first is None:
         s_first = s_epoch
     first_in_seq = np.ones(m, dtype=bool)
@@ -499,44 +629,49 @@ def _fold(
     nv = len(rows)
 
     # The generation logic runs over the sparse rows that matter (ITEM_CREATED, TERMINAL, FAILED: a
-    # fraction of the log) instead of five full-length passes. Positions index the applied rows in
+    # fraction of the log) instead of full-length passes per type. Positions index the applied rows in
     # (item, sequence) order; an item's rows are seg[i] .. seg[i + 1] - 1.
-    def where(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        at = np.flatnonzero(mask[rows])
+    row_kind = kind[rows]
+    # each row's place among the kept strings of its type (they were kept in scan order)
+    created_rank = np.cumsum(kind == _CREATED, dtype=np.int32) - 1
+    terminal_rank = np.cumsum(kind == _TERMINAL, dtype=np.int32) - 1
+    del kind
+
+    def where(value: int) -> tuple[np.ndarray, np.ndarray]:
+        at = np.flatnonzero(row_kind == value)
         return at, np.searchsorted(seg, at, side="right") - 1
 
     # The current generation starts at the item's last ITEM_CREATED; it ends at its first TERMINAL.
-    c_at, c_item = where(is_created)
+    c_at, c_item = where(_CREATED)
     last = np.append(c_item[1:] != c_item[:-1], True) if len(c_item) else np.zeros(0, dtype=bool)
     last_created = np.full(n_items, -1, dtype=np.int64)
     last_created[c_item[last]] = c_at[last]
     has_created = last_created >= 0
     big = np.int64(nv + 1)
-    t_at, t_item = where(is_terminal)
+    t_at, t_item = where(_TERMINAL)
     keep = t_at > last_created[t_item]
     t_at, t_item = t_at[keep], t_item[keep]
     first = np.insert(t_item[1:] != t_item[:-1], 0, True) if len(t_item) else np.zeros(0, dtype=bool)
     first_term = np.full(n_items, big, dtype=np.int64)
     first_term[t_item[first]] = t_at[first]
-    f_at, f_item = where(is_failed)
+    f_at, f_item = where(_FAILED)
     counted = (f_at > last_created[f_item]) & (f_at < first_term[f_item])
     failures = np.bincount(f_item[counted], minlength=n_items).astype(np.int64)
     del c_at, c_item, t_at, t_item, f_at, f_item
 
     terminated = has_created & (first_term < big)
-    strings = events if late is None else late()
     # The stored status of each item's first TERMINAL; the others are running or never started.
     status = pc.coalesce(
-        _gather(strings["status"], rows[np.where(terminated, first_term, 0)], terminated),
+        _sparse_take(acc.terminal_status, terminal_rank[rows[np.where(terminated, first_term, 0)]], terminated),
         pc.if_else(pa.array(has_created), ItemStatus.RUNNING.value, ItemStatus.NEVER_STARTED.value).cast(pa.string()),
     )
 
     # A null index takes a null: items without ITEM_CREATED get no fingerprint in the same pass.
     created_rows = rows[np.where(has_created, last_created, 0)]
-    fp = _gather(strings["input_fingerprint"], created_rows, has_created)
-    pv = _gather(strings["processor_version"], created_rows, has_created)
-    del strings
-    cseq = pa.array(np.where(has_created, seq[created_rows], 0), mask=~has_created)
+    created_at = created_rank[created_rows]
+    fp = _sparse_take(acc.created_fp, created_at, has_created)
+    pv = _sparse_take(acc.created_pv, created_at, has_created)
+    cseq = pa.array(np.where(has_created, seq[created_rows], 0).astype(np.int64), mask=~has_created)
 
     table = pa.table(
         {
@@ -546,42 +681,10 @@ def _fold(
             "processor_version": pv,
             "created_seq": cseq,
             "last_seq": pa.array(last_seq, pa.int64()),
-            "max_epoch": pa.array(max_epoch, pa.int64()),
+            "max_epoch": pa.array(max_epoch.astype(np.int64), pa.int64()),
             "failures": pa.array(np.where(has_created, failures, 0), pa.int64()),
             "violations": pa.array(violations, pa.int64()),
         },
         schema=STATE_SCHEMA,
     )
     return table, codes_of_items
-
-
-def _gather(col: pa.ChunkedArray | pa.Array, at: np.ndarray, present: np.ndarray) -> pa.Array:
-    """``col[at]`` where ``present``, null elsewhere, from a scanned (many-chunk) column.
-
-    ``pc.take`` on a chunked array concatenates the chunks first: 176 MB of fingerprints copied (and
-    page-faulted in) to pick 1M of them, the fold's largest cost after the id hashing. Instead the
-    positions are visited in ascending order, chunk by chunk, and the result put back in order.
-    """
-    if isinstance(col, pa.Array) or col.num_chunks == 1:
-        flat = col if isinstance(col, pa.Array) else col.chunk(0)
-        return pc.take(flat, pa.array(at, mask=~present))
-    want = at[present]
-    perm = None
-    if len(want) > 1 and not bool(np.all(want[1:] >= want[:-1])):
-        perm = np.argsort(want, kind="stable")
-        want = want[perm]
-    bounds = np.cumsum([0, *(len(c) for c in col.chunks)])
-    cuts = np.searchsorted(want, bounds)
-    parts = [
-        pc.take(chunk, pa.array(want[cuts[k] : cuts[k + 1]] - bounds[k]))
-        for k, chunk in enumerate(col.chunks)
-        if cuts[k + 1] > cuts[k]
-    ]
-    out = pa.concat_arrays(parts) if parts else pa.array([], col.type)
-    if perm is not None:
-        back = np.empty_like(perm)
-        back[perm] = np.arange(len(perm))
-        out = pc.take(out, pa.array(back))
-    if bool(present.all()):
-        return out
-    return pc.take(out, pa.array(np.cumsum(present) - 1, mask=~present))

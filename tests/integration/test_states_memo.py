@@ -56,6 +56,15 @@ class ScanCount:
             return table
 
         monkeypatch.setattr(CheckpointLog, "_scan_ds", scan)
+        streamed = CheckpointLog._batches
+
+        def batches(log: CheckpointLog, ds: Any, columns: Any, **kw: Any) -> Any:
+            self.calls += 1
+            for batch in streamed(log, ds, columns, **kw):
+                self.rows += batch.num_rows
+                yield batch
+
+        monkeypatch.setattr(CheckpointLog, "_batches", batches)
 
 
 def test_an_unchanged_log_is_not_folded_again(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
