@@ -1223,11 +1223,26 @@ class CheckpointLog:
         return LogWriter(self, writer_id, epoch, processor_version=processor_version, airflow=airflow)
 
     def next_epoch(self) -> int:
-        """An epoch higher than any written so far: what a new owner of items should use."""
-        table = self._scan(["writer_epoch"])
-        if table.num_rows == 0:
+        """An epoch higher than any written so far: what a new owner of items should use.
+
+        Every map task asks this first. A fold's ``max_epoch`` counts every row (losers and stale
+        ones too), so when this object's last fold or the state projection covers the log up to some
+        version, only the rows committed since are scanned, not the whole ``writer_epoch`` column.
+        """
+        ds = self._dataset()
+        if ds is None:
             return 1
-        return int(pc.max(table["writer_epoch"]).as_py()) + 1
+        version = int(ds.version)
+        top, base = 0, None
+        # only with stable row ids do rows carry the version that committed them (see _states_at)
+        if getattr(ds, "has_stable_row_ids", False):
+            folded = self._memo_base(version) or self._read_projection(version, columns=["max_epoch"])
+            if folded is not None:
+                top, base = _max_of(folded[0]["max_epoch"]), folded[1]
+        if base != version:
+            since = None if base is None else f"_row_created_at_version > {base}"
+            top = max(top, _max_of(self._scan_ds(ds, ["writer_epoch"], since)["writer_epoch"]))
+        return top + 1
 
     # --- reads --------------------------------------------------------------------------------
 
@@ -1493,8 +1508,8 @@ class CheckpointLog:
                 self._check_version(int(v))
         return table
 
-    def _read_projection(self, log_version: int) -> tuple[pa.Table, int] | None:
-        """The state projection and the log version it folds, or None when absent or unusable.
+    def _read_projection(self, log_version: int, columns: Sequence[str] | None = None) -> tuple[pa.Table, int] | None:
+        """The state projection (or its ``columns``) and the log version it folds; None when absent or unusable.
 
         The projection is a disposable cache (seed 000: rebuildable, excluded from correctness): any
         doubt (missing, unreadable, another schema, a version ahead of the log) means a full fold.
@@ -1508,13 +1523,12 @@ class CheckpointLog:
             if (
                 int(meta.get(b"datagen_schema_version", b"0")) != DATAGEN_SCHEMA_VERSION
                 or not 0 < pversion <= log_version
+                or pds.schema.remove_metadata() != STATE_SCHEMA
             ):
                 return None
-            table = pds.to_table()
+            table = pds.to_table(columns=None if columns is None else list(columns))
         except (OSError, ValueError, RuntimeError) as exc:
             log.warning("ignoring the state projection of %s: %s", self.uri, str(exc)[:200])
-            return None
-        if table.schema.remove_metadata() != STATE_SCHEMA:
             return None
         return table.replace_schema_metadata(None), pversion
 
@@ -1706,6 +1720,12 @@ DatagenErrorTypes = (
 )
 
 __all__ = ["Batch", "CheckpointLog", "LogWriter"]
+
+
+def _max_of(col: pa.ChunkedArray | pa.Array) -> int:
+    """The largest value of an integer column; 0 when it is empty."""
+    top = pc.max(col).as_py() if len(col) else None
+    return 0 if top is None else int(top)
 
 
 def _id_array(ids: pa.Array | Sequence[str]) -> pa.Array:

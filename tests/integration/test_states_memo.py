@@ -28,6 +28,10 @@ def _fresh_states(log: CheckpointLog) -> list[dict[str, Any]]:
     return _sorted(open_log(log.root, log.experiment).states())
 
 
+def _scanned_next_epoch(log: CheckpointLog) -> int:
+    return max(raw_events(log)["writer_epoch"].to_pylist(), default=0) + 1
+
+
 def _write(log: CheckpointLog, writer_id: str, ops: list[tuple[str, int]]) -> None:
     w = log.writer(writer_id, log.next_epoch(), processor_version="v1")  # each write takes over
     with w.batch() as b:
@@ -87,6 +91,25 @@ def test_a_second_fold_reads_only_the_touched_items(tmp_path: Any, monkeypatch: 
     assert _sorted(after) == _fresh_states(log)
 
 
+def test_next_epoch_reads_only_the_rows_its_last_fold_or_the_projection_has_not_seen(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = open_log(tmp_path, "epoch")
+    for _ in range(3):  # three takeovers: epochs 1, 2, 3
+        _write(log, "w", [(op, n) for n in range(100) for op in ("create", "field", "done")])
+    log.maintain()
+    _write(log, "w", [("create", 100)])  # epoch 4, after the projection
+    count = ScanCount(monkeypatch)
+    fresh = open_log(tmp_path, "epoch")  # no fold of its own: the projection and one new row
+    assert fresh.next_epoch() == 5
+    assert count.rows == 1
+    fresh.states()
+    count.rows = 0
+    assert fresh.next_epoch() == 5  # its own fold covers the log: nothing scanned
+    assert count.rows == 0
+    assert fresh.next_epoch() == _scanned_next_epoch(fresh)
+
+
 def test_a_log_written_again_is_folded_from_scratch(tmp_path: Any) -> None:
     log = open_log(tmp_path, "again")
     _write(log, "w", [("create", n) for n in range(5)])
@@ -129,7 +152,9 @@ def test_the_memo_never_changes_an_answer(tmp_path_factory: pytest.TempPathFacto
             _write(open_log(root, "memo"), "w2", [(o, n) for o, n in arg if n in created])
         elif op == "maintain":
             log.maintain()
+        assert log.next_epoch() == _scanned_next_epoch(log), ops
         assert _sorted(log.states()) == _fresh_states(log), ops
+        assert log.next_epoch() == _scanned_next_epoch(log), ops
 
 
 def test_a_dataset_without_stable_row_ids_is_always_folded_whole(tmp_path: Any) -> None:
