@@ -65,6 +65,8 @@ def plan_chunks(
         raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
     items = load_source(source, key_field)
     states = log.states()
+    # the mapped tasks read the log next: with the fold stored, they read it and the events since
+    log.refresh_projection()
     plan = classify(items, states, processor_version, log.version)
     status = status_of(log, items, key_field, states=states)
     pending = plan.pending

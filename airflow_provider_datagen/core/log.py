@@ -88,6 +88,8 @@ _INDEXED_COLUMNS = ("item_id", "root_item_id", "event_id")
 _FAILED_SAMPLE = 20
 #: Lance's V2 manifest names count down from u64::MAX so that listings return the newest first.
 _U64: Final = (1 << 64) - 1
+#: Events a fold must cover beyond the state projection before a planner stores it as the new one.
+PROJECTION_MIN_NEW_EVENTS = 1 << 20
 #: Rows per batch of a streamed fold scan, and batches Lance decodes ahead: small enough that a
 #: scan never holds much, large enough that per-batch Python stays a few percent of the fold.
 _SCAN_BATCH_ROWS: Final = 1 << 16
@@ -1533,14 +1535,18 @@ class CheckpointLog:
         return table.replace_schema_metadata(None), pversion
 
     def _write_projection(self, ds: lance.LanceDataset, cleanup_older_than: dt.timedelta) -> int:
-        """Fold the log at ``ds``'s version and store the result as the state projection.
+        """Fold the log at ``ds``'s version and store the result as the state projection."""
+        table = self._fold_scan(ds, None)[0]
+        self._store_projection(table, int(ds.version), cleanup_older_than)
+        return table.num_rows
+
+    def _store_projection(self, table: pa.Table, version: int, cleanup_older_than: dt.timedelta) -> bool:
+        """Store ``table``, the fold of the log at ``version``, as the state projection.
 
         Each write is an overwrite, a new version of ``state.lance``; old versions are removed on the
         log's own retention, else every maintenance would leave a full copy behind. A reader that loses
         its version to the cleanup just folds the log (the projection is disposable).
         """
-        version = int(ds.version)
-        table = self._fold_scan(ds, None)[0]
         table = table.replace_schema_metadata(
             {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
         )
@@ -1551,7 +1557,66 @@ class CheckpointLog:
             written.cleanup_old_versions(older_than=cleanup_older_than)
         except (OSError, ValueError, RuntimeError) as exc:
             log.warning("could not write the state projection of %s: %s", self.uri, str(exc)[:200])
-        return table.num_rows
+            return False
+        return True
+
+    def refresh_projection(
+        self,
+        *,
+        min_new_events: int | None = None,
+        cleanup_older_than: dt.timedelta = dt.timedelta(hours=1),
+    ) -> bool:
+        """Store this object's last fold as the state projection when it covers many more events.
+
+        A planner has just folded the whole log; without a projection every mapped task would fold
+        it again from scratch (seconds and most of a GiB at millions of events). Writing the fold it
+        already has costs a fraction of one fold, and only when at least ``min_new_events`` events
+        are covered by this fold but not by the projection (default :data:`PROJECTION_MIN_NEW_EVENTS`).
+        Local logs only: the fold's identity (the manifest's inode and mtime) is what proves it is of
+        this log. Returns whether it wrote.
+        """
+        if min_new_events is None:
+            min_new_events = PROJECTION_MIN_NEW_EVENTS
+        ds = self._dataset()
+        if ds is None or not getattr(ds, "has_stable_row_ids", False):
+            return False
+        folded = self._memo_base(int(ds.version))
+        if folded is None:
+            return False
+        table, version = folded
+        proj = self._projection_version()
+        if proj >= version:
+            return False
+        try:
+            new = ds.count_rows(filter=f"_row_created_at_version > {proj} AND _row_created_at_version <= {version}")
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise self._translate(exc, "reading the log") from None
+        if new < min_new_events:
+            return False
+        lease = _MaintenanceLease(self.uri)
+        if not lease.acquire():  # a maintenance is writing a newer projection
+            return False
+        try:
+            stored = self._store_projection(table, version, cleanup_older_than)
+        finally:
+            lease.release()
+        if stored:
+            log.info(
+                "stored the fold of %s at version %d as its state projection (%d new events)", self.uri, version, new
+            )
+        return stored
+
+    def _projection_version(self) -> int:
+        """The log version the state projection folds; 0 when there is none (or it cannot be read)."""
+        if _is_local(self.projection_uri) and not os.path.isdir(os.path.join(self.projection_uri, "_versions")):
+            return 0
+        try:
+            meta = lance.dataset(self.projection_uri, storage_options=self.storage_options).schema.metadata or {}
+            if int(meta.get(b"datagen_schema_version", b"0")) != DATAGEN_SCHEMA_VERSION:
+                return 0  # another schema's projection is never read: replacing it is right
+            return max(int(meta.get(b"log_version", b"0")), 0)
+        except (OSError, ValueError, RuntimeError):
+            return 0
 
     def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
         """Counts of root items by lifecycle status, failures, and the log version."""

@@ -188,3 +188,57 @@ def test_the_ui_reader_holds_no_fold_in_its_open_logs(tmp_path: Any) -> None:
     prepared = reader.prepared(log.pipeline, "shown")
     assert prepared.summary["completed"] == 20
     assert reader.log(log.pipeline, "shown")._memo is None  # the bounded cache holds the fold
+
+
+def test_a_planner_stores_its_fold_when_it_covers_many_new_events(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_datagen.core import fold_table
+    from airflow_provider_datagen.core import log as log_module
+    from airflow_provider_datagen.core.chunks import plan_chunks
+    from tests.integration.helpers_engine import light_events
+
+    monkeypatch.setattr(log_module, "PROJECTION_MIN_NEW_EVENTS", 500)
+    log = open_log(tmp_path, "planned")
+    source = [{"id": f"i{n}"} for n in range(320)]
+    _write(log, "w", [(op, n) for n in range(100) for op in ("create", "done")])  # 200 events: too few
+    plan_chunks(log, source)
+    assert log._projection_version() == 0
+    _write(log, "w", [(op, n) for n in range(100, 300) for op in ("create", "field", "done")])
+    plan_chunks(log, source)  # 800 events the (absent) projection does not cover
+    stored = log._projection_version()
+    assert stored == log.version
+    count = ScanCount(monkeypatch)
+    fresh = open_log(tmp_path, "planned")  # a mapped task: reads the projection, scans no event
+    assert _sorted(fresh.states()) == _sorted(fold_table(light_events(log)))
+    assert count.rows == 0
+    _write(log, "w", [("create", 300), ("done", 300)])
+    plan_chunks(log, source)  # 2 new events: the stored fold is close enough
+    assert log._projection_version() == stored
+    count.rows = 0
+    assert _sorted(open_log(tmp_path, "planned").states()) == _sorted(fold_table(light_events(log)))
+    assert 0 < count.rows < 10  # the item with new events, re-folded from all of its own
+
+
+def test_no_fold_is_stored_without_one_of_this_log_or_beside_a_maintenance(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_datagen.core.log import _MaintenanceLease
+
+    log = CheckpointLog.open(tmp_path, pipeline="p", experiment="nostore", remember_fold=False)
+    _write(log, "w", [(op, n) for n in range(50) for op in ("create", "done")])
+    log.states()
+    assert not log.refresh_projection(min_new_events=1)  # no fold remembered
+    log = open_log(tmp_path, "nostore", pipeline="p")
+    assert not log.refresh_projection(min_new_events=1)  # nothing folded yet
+    log.states()
+    lease = _MaintenanceLease(log.uri)
+    assert lease.acquire()
+    try:
+        assert not log.refresh_projection(min_new_events=1)  # a maintenance holds the log
+    finally:
+        lease.release()
+    assert log.refresh_projection(min_new_events=1)
+    assert not log.refresh_projection(min_new_events=1)  # the projection already covers this fold
+    _write(log, "w", [("done", 1)])
+    assert not log.refresh_projection(min_new_events=1)  # its last fold is the one already stored
