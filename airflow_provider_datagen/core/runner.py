@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
@@ -298,6 +299,8 @@ class _Runner:
         self.last_flush = time.monotonic()
         self.has_fanout = _has_fanout(pipeline)
         self._names: dict[int, set[str]] = {}
+        #: with concurrency: how workers hand their items' progress to this (main) thread
+        self.handoff = _Handoff()
         #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out).
         self._known_children: set[str] = set()
         #: (step, enclosing, iteration, selector) -> (coordinates, frame key, path, STEP_COMPLETED shape):
@@ -444,13 +447,16 @@ class _Runner:
         :meth:`run_root` does, then flushes, reports progress and submits the next item. An item whose
         buffer was never merged has only its ITEM_CREATED in the log, so it replays on the next run.
         """
-        from concurrent.futures import FIRST_COMPLETED, wait
-
         todo: Iterator[tuple[SourceItem, bool, bool]] = iter(jobs)
         inflight: dict[Future[tuple[tuple[str, Any] | None, BaseException | None]], tuple[_ItemWorker, _Item]] = {}
         order: dict[str, int] = {}
         stopped: ItemFailedError | None = None
         waiting = False
+        handoff = self.handoff
+
+        def woken(_: Any) -> None:
+            handoff.wake.set()
+
         try:
             while True:
                 while stopped is None and len(inflight) < concurrency:
@@ -468,12 +474,23 @@ class _Runner:
                         self.report.replayed.append(src.item_id)
                     worker = _ItemWorker.for_item(self)
                     order[item.item_id] = len(order)
-                    inflight[pool.submit(worker.work, item)] = (worker, item)
+                    future = pool.submit(worker.work, item)
+                    inflight[future] = (worker, item)
+                    future.add_done_callback(woken)
                 if not inflight:
                     break
                 waiting = True
-                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                while True:
+                    handoff.wake.clear()
+                    # requests first: a worker posts one and waits, so its item cannot finish before it
+                    requests = handoff.take()
+                    done = [f for f in inflight if f.done()]
+                    if requests or done:
+                        break
+                    handoff.wake.wait()
                 waiting = False
+                if requests:
+                    self._serve(requests)
                 # several can finish together: acknowledge them in submission order, not set order
                 for fut in sorted(done, key=lambda f: order[inflight[f][1].item_id]):
                     worker, item = inflight.pop(fut)
@@ -498,18 +515,37 @@ class _Runner:
                             if stopped is None:
                                 stopped = err
                     tick()
-        except BaseException:
+        except BaseException as exc:
             # A run-ending error (a reraise type, an interrupt, a fencing error): items still in flight
             # are not acknowledged (they replay next run); their threads finish into buffers nobody reads
-            # (the caller shuts the pool down without waiting).
+            # (the caller shuts the pool down without waiting), and a worker waiting for its progress
+            # to be committed is told the run ended.
+            for request in handoff.close():
+                request.error = exc
+                request.done.set()
             if waiting:
                 # it arrived between items (an orchestrator's timeout lands in the main thread): the
                 # batch holds whole acknowledgements only, so keep them, as run_root's handler does
                 self.flush()
             raise
+        handoff.close()
         if stopped is not None:
             self.flush()
             raise stopped
+
+    def _serve(self, requests: list[_FlushRequest]) -> None:
+        """Commit workers' mid-item progress (with any acknowledgements waiting), then let them go on."""
+        try:
+            for request in requests:
+                self.batch._extend(request.batch)
+            self.flush()
+        except BaseException as exc:
+            for request in requests:
+                request.error = exc
+            raise
+        finally:
+            for request in requests:
+                request.done.set()
 
     def _on_failure(self, item: _Item, exc: BaseException) -> None:
         err = exc.__cause__ if isinstance(exc, _StepFailure) and exc.__cause__ is not None else exc
@@ -887,13 +923,19 @@ class _ItemWorker(_Runner):
     fan-out primes its new children into it: a single key set, for ids no other item uses, whose events
     stay in this worker's buffer until the main thread merges and commits them (the main thread's
     commits replace values, never remove keys). A restarted root's existing children were looked up by
-    the main thread before the item was submitted.
+    the main thread before the item was submitted. Completed steps are handed to the main thread to
+    commit on the sequential cadence (:meth:`flush`), so a crash loses no more of a long item than it
+    would without threads.
     """
+
+    #: the runner of the main thread, the only writer
+    main: _Runner
 
     @classmethod
     def for_item(cls, runner: _Runner) -> _ItemWorker:
         worker = cls.__new__(cls)
         worker.__dict__.update(runner.__dict__)
+        worker.main = runner
         worker.report = RunReport()
         worker.batch = runner._new_batch()
         worker.steps = 0
@@ -908,11 +950,73 @@ class _ItemWorker(_Runner):
             return None, exc
 
     def _flush_due(self) -> bool:
-        # a private buffer never flushes: only the main thread commits, after the item is done
-        return False
+        """At a step boundary, on the sequential run's cadence: ``checkpoint_every=1`` or the time bound."""
+        return bool(self.batch._pending) and (
+            (self.per_step and self.steps > 0) or time.monotonic() - self.main.last_flush >= self.interval
+        )
 
     def flush(self) -> None:
-        raise AssertionError("a worker never commits")
+        """Hand the item's completed steps to the main thread, the only writer, and wait until it committed them.
+
+        As in a sequential run, a long item's finished steps then survive a crash; the rest of the
+        item goes on into a fresh buffer. If the run has ended meanwhile, the item stops here.
+        """
+        request = _FlushRequest(self.batch)
+        if not self.main.handoff.post(request):
+            raise _RunEnded("the run ended before this item's progress could be committed")
+        request.done.wait()
+        if request.error is not None:
+            raise _RunEnded("the run ended while committing this item's progress") from request.error
+        self.batch = self._new_batch()
+        self.steps = 0
+
+
+class _RunEnded(BaseException):
+    """Stops a worker's item when the main thread has ended the run (never an item failure)."""
+
+
+class _FlushRequest:
+    """One worker's buffer of completed steps, waiting for the main thread to commit it."""
+
+    __slots__ = ("batch", "done", "error")
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class _Handoff:
+    """How workers hand mid-item progress to the main thread, and what wakes the main thread.
+
+    The main thread waits for either a finished item or a flush request; ``close`` refuses further
+    requests and returns the unserved ones, so no worker waits for a thread that stopped serving.
+    """
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self._lock = threading.Lock()
+        self._requests: list[_FlushRequest] = []
+        self._closed = False
+
+    def post(self, request: _FlushRequest) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._requests.append(request)
+        self.wake.set()
+        return True
+
+    def take(self) -> list[_FlushRequest]:
+        with self._lock:
+            taken, self._requests = self._requests, []
+        return taken
+
+    def close(self) -> list[_FlushRequest]:
+        with self._lock:
+            self._closed = True
+            taken, self._requests = self._requests, []
+        return taken
 
 
 def _has_fanout(step: Step) -> bool:
@@ -949,9 +1053,10 @@ def run_items(
     ``concurrency=N`` (N > 1) runs the per-item work of fresh and restarted items in N threads, so
     I/O-bound calls that release the GIL (model or HTTP calls) overlap; the user's code must then be
     thread-safe. Results are the same as with ``concurrency=1``: one thread still does every write and
-    commit, acknowledging items as they finish. Inbox replays stay sequential (a few items resuming
-    mid-cursor); ``checkpoint_every=1`` is refused with it. Fan-out children run inside their root's
-    thread, one after another.
+    commit, acknowledging items as they finish; a thread hands its item's finished steps to that
+    thread on the sequential cadence (each step with ``checkpoint_every=1``, else the time bound), so
+    a crash loses no more of a long item than without threads. Inbox replays stay sequential (a few
+    items resuming mid-cursor). Fan-out children run inside their root's thread, one after another.
     """
     if checkpoint_every is not None and (
         isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1
@@ -961,11 +1066,6 @@ def run_items(
         raise InvalidEventError(f"processor_version must be a non-empty string, got {processor_version!r}")
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise InvalidEventError(f"concurrency must be an int >= 1 (1 runs items one at a time), got {concurrency!r}")
-    if concurrency > 1 and checkpoint_every == 1:
-        raise InvalidEventError(
-            "checkpoint_every=1 commits every step boundary; use group commit or checkpoint_every>1 with "
-            f"concurrency (got concurrency={concurrency})"
-        )
     pipeline = as_pipeline(process_or_pipeline)
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)

@@ -315,8 +315,9 @@ class DatagenMapOperator(_DatagenBase):
     :param progress_interval: seconds between progress lines in the task log.
     :param concurrency: items processed at once in threads, for I/O-bound ``process`` functions (model
         or HTTP calls); ``process`` must then be thread-safe. ``1`` (the default) runs items one at a
-        time; more is refused with ``checkpoint_every=1``. A fan-out's children run in their root's
-        thread.
+        time. A thread hands its item's finished steps to the task's writer on the usual cadence, so
+        ``checkpoint_every=1`` still commits each step before the item's next one. A fan-out's
+        children run in their root's thread.
     :param datagen_conn_id: connection of type ``datagen``.
     """
 
@@ -371,11 +372,6 @@ class DatagenMapOperator(_DatagenBase):
         self.fail_fast = bool(fail_fast)
         self.progress_interval = float(progress_interval)
         self.concurrency = _check_positive(concurrency, "concurrency")
-        if self.concurrency > 1 and self.checkpoint_every == 1:
-            raise ConfigurationError(
-                "checkpoint_every=1 commits every step boundary; use group commit or checkpoint_every>1 with "
-                f"concurrency={self.concurrency}"
-            )
 
     @property
     def chunk_label(self) -> str:

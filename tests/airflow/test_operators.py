@@ -290,10 +290,11 @@ def test_map_and_export_operators_reject_bad_arguments() -> None:
     for bad in (0, -1, True, "4", 2.0):
         with pytest.raises(ConfigurationError, match="concurrency must be a positive int"):
             DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print, source=[], concurrency=bad)
-    with pytest.raises(ConfigurationError, match="checkpoint_every=1 commits every step boundary"):
-        DatagenMapOperator(
-            task_id="m", pipeline="ops", experiment="e", process=print, source=[], checkpoint_every=1, concurrency=2
-        )
+    # threads hand each completed step to the task's writer, so per-step commits work with them too
+    per_step = DatagenMapOperator(
+        task_id="m", pipeline="ops", experiment="e", process=print, source=[], checkpoint_every=1, concurrency=2
+    )
+    assert (per_step.checkpoint_every, per_step.concurrency) == (1, 2)
     assert DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print, source=[]).concurrency == 1
     with pytest.raises(ConfigurationError, match="relative"):
         DatagenExportOperator(task_id="x", pipeline="ops", experiment="e", destination="out.lance")

@@ -84,7 +84,14 @@ def test_a_killed_threaded_run_resumes_to_the_sequential_result(
     assert sorted(rec.calls) == sorted(str(i) for i in range(N) if str(i) not in acked)
 
 
-FANOUT_KILLS = [(None, Kill("invocation", 20)), (None, Kill("pull", 1)), (4, Kill("commit", 3))]
+# checkpoint_every=1: threads hand every finished step over to be committed, so kills land mid-item too
+FANOUT_KILLS = [
+    (None, Kill("invocation", 20)),
+    (None, Kill("pull", 1)),
+    (4, Kill("commit", 3)),
+    (1, Kill("invocation", 20)),
+    (1, Kill("commit", 12)),
+]
 
 
 @pytest.mark.parametrize(("every", "kill"), FANOUT_KILLS, ids=[f"every{e}-{k.mode}@{k.after}" for e, k in FANOUT_KILLS])

@@ -229,7 +229,6 @@ def test_the_next_pull_starts_while_the_last_items_of_a_pull_still_run(tmp_path:
         ({"concurrency": True}, "concurrency must be an int >= 1"),
         ({"concurrency": "4"}, "concurrency must be an int >= 1"),
         ({"concurrency": 2.0}, "concurrency must be an int >= 1"),
-        ({"concurrency": 2, "checkpoint_every": 1}, "checkpoint_every=1 commits every step boundary"),
     ],
 )
 def test_bad_concurrency_arguments_are_refused_before_any_write(tmp_path: Any, kwargs: Any, match: str) -> None:
@@ -335,3 +334,130 @@ def test_workers_never_read_the_log_for_a_restarted_fanout_root(tmp_path: Any, m
         assert readers and set(readers) == {threading.current_thread().name}
     assert _event_ids(logs["par"]) == _event_ids(logs["seq"])
     assert results_fp(logs["par"]) == results_fp(logs["seq"])
+
+
+# --- mid-item progress under threads ---------------------------------------------------------------
+
+
+def _three_steps(calls: Calls, crash_on: int | None = None, check: Any = None) -> Sequence:
+    """Three steps per item; ``check(item_id, step)`` runs first in each (it may read the log)."""
+
+    def step(name: str) -> Any:
+        def fn(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+            if check is not None:
+                check(ctx.item_id, name)
+            calls.record(f"{ctx.item_id}@{name}")
+            with calls:
+                time.sleep(_sleep_for(ctx.item_id))
+            if name == "c" and item["id"] == crash_on:
+                raise Crash(f"crash on item {crash_on}")
+            return {name: f"{item['text']}:{name}"}
+
+        return Step(name, fn)
+
+    return Sequence("abc", [step("a"), step("b"), step("c")])
+
+
+def test_with_checkpoint_every_1_each_step_is_durable_before_the_next_one_runs(tmp_path: Any) -> None:
+    log = open_log(tmp_path, "durable")
+    seen: list[tuple[str, str]] = []
+    wrong: list[str] = []
+
+    def check(item_id: str, name: str) -> None:
+        # what a crash now would leave: a fresh reader of the log, not the writer's own state
+        done = {c.step for c in open_log(tmp_path, "durable").item_state(item_id).completed_steps}
+        want = {"a": set(), "b": {"a"}, "c": {"a", "b"}}[name]
+        seen.append((item_id, name))
+        if done != want:
+            wrong.append(f"{item_id} before {name}: {sorted(done)}")
+
+    run_items(log, make_items(12), _three_steps(Calls(), check=check), concurrency=4, checkpoint_every=1)
+    assert not wrong
+    assert len(seen) == 36
+
+
+def _commit_of(log: Any) -> dict[tuple[str, str], int]:
+    """The commit (log version) of each item's STEP_COMPLETED per step and of its TERMINAL."""
+    rows = log._dataset().to_table(columns=["item_id", "event_type", "step", "_row_created_at_version"]).to_pylist()
+    return {
+        (r["item_id"], r["step"] or "TERMINAL"): r["_row_created_at_version"]
+        for r in rows
+        if r["event_type"] in ("STEP_COMPLETED", "TERMINAL") and r["step"] != "abc"
+    }
+
+
+def test_the_time_bound_commits_finished_steps_of_running_items(tmp_path: Any) -> None:
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    run_items(seq_log, make_items(N), _three_steps(Calls()), checkpoint_interval=0)
+    run_items(par_log, make_items(N), _three_steps(Calls()), concurrency=4, checkpoint_interval=0)
+    commits = _commit_of(par_log)
+    for i in range(N):
+        # with a zero time bound every step boundary commits: each step lands before the item ends
+        assert commits[(str(i), "a")] < commits[(str(i), "b")] < commits[(str(i), "TERMINAL")]
+    assert _event_ids(par_log) == _event_ids(seq_log)  # the same events, however they were grouped
+    assert results_fp(par_log) == results_fp(seq_log)
+
+
+def test_fanout_items_handed_over_mid_item_have_the_sequential_events(tmp_path: Any) -> None:
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    run_items(seq_log, make_items(N), _fanout_pipeline(Calls()), checkpoint_interval=0)
+    run_items(par_log, make_items(N), _fanout_pipeline(Calls()), concurrency=4, checkpoint_interval=0)
+    assert _event_ids(par_log) == _event_ids(seq_log)
+    assert results_fp(par_log) == results_fp(seq_log)
+
+
+def test_after_a_crash_no_committed_step_of_a_running_item_runs_again(tmp_path: Any) -> None:
+    clean_log, log = open_log(tmp_path, "clean"), open_log(tmp_path, "crashy")
+    run_items(clean_log, make_items(N), _three_steps(Calls()))
+    other_started_b = threading.Event()
+
+    def check(item_id: str, name: str) -> None:
+        if (item_id, name) == ("26", "b"):
+            other_started_b.set()  # so item 26 is mid-item, its step a handed over, when 25 crashes
+        if (item_id, name) == ("25", "c"):
+            other_started_b.wait(10)
+
+    with pytest.raises(Crash, match="crash on item 25"):
+        run_items(
+            log,
+            make_items(N),
+            _three_steps(Calls(), crash_on=25, check=check),
+            concurrency=4,
+            checkpoint_interval=0,
+            reraise=(Crash,),
+        )
+    states = log.item_states([str(i) for i in range(N)])
+    durable = {(iid, c.step) for iid, st in states.items() for c in st.completed_steps}
+    assert states["26"].status.value == "running"
+    assert ("26", "a") in durable  # another item's finished step, committed while it was still running
+    resumed = Calls()
+    run_items(log, make_items(N), _three_steps(resumed), concurrency=4, epoch=2)
+    ran = {tuple(k.split("@")) for k in resumed.by_item}
+    assert ("25", "c") in ran and ("26", "c") in ran
+    assert not ran & durable  # a committed step never runs again
+    assert results_fp(log) == results_fp(clean_log)
+
+
+def test_a_commit_error_while_workers_wait_ends_the_run_and_releases_them(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_datagen.core.log import LogWriter
+    from airflow_provider_datagen.exceptions import LogWriteError
+
+    log = open_log(tmp_path, "broken")
+    original = LogWriter.commit
+    commits = []
+
+    def commit(self: LogWriter, batch: Any, **kw: Any) -> int:
+        commits.append(len(batch))
+        if len(commits) == 3:  # the inbox, then mid-item progress: the second hand-over breaks
+            raise LogWriteError("the disk is full")
+        return original(self, batch, **kw)
+
+    monkeypatch.setattr(LogWriter, "commit", commit)
+    with pytest.raises(LogWriteError, match="the disk is full"):
+        run_items(log, make_items(N), _three_steps(Calls()), concurrency=4, checkpoint_every=1)
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("datagen-item") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("datagen-item")]
