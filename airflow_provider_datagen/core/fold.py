@@ -425,7 +425,8 @@ class _Compacted:
         of the ids (possibly while the other columns are still being reduced).
         """
         if not self.head_ids:
-            self.hashed = (np.zeros(0, np.int64), np.zeros(0, np.int64), ids or pa.array([], pa.string()))
+            empty = np.zeros(0, np.int64)
+            self.hashed = (empty, empty, pa.array([], pa.string()) if ids is None else ids)
             return
         head_ids = pa.concat_arrays([a.cast(pa.string()) for a in self.head_ids])
         heads = np.concatenate(self.head_pos)

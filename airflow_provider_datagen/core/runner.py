@@ -444,8 +444,10 @@ class _Runner:
 
         Workers only drive an item into a private buffer; this (main) thread stays the only writer: it
         merges a finished item's buffer into the shared batch and acknowledges it exactly as
-        :meth:`run_root` does, then flushes, reports progress and submits the next item. An item whose
-        buffer was never merged has only its ITEM_CREATED in the log, so it replays on the next run.
+        :meth:`run_root` does, then flushes, reports progress and submits the next item. A worker hands
+        over its item's finished steps mid-item when a sequential run would commit them (its own
+        ``flush``), and this thread commits them before anything else. An item that never finished has
+        only its ITEM_CREATED and the steps handed over in the log, so it resumes from there next run.
         """
         todo: Iterator[tuple[SourceItem, bool, bool]] = iter(jobs)
         inflight: dict[Future[tuple[tuple[str, Any] | None, BaseException | None]], tuple[_ItemWorker, _Item]] = {}
