@@ -301,6 +301,12 @@ class _Runner:
         self._names: dict[int, set[str]] = {}
         #: with concurrency: how workers hand their items' progress to this (main) thread
         self.handoff = _Handoff()
+        #: with concurrency and a fan-out: the pool a root's children run in, and the permits that keep
+        #: the threads running user code at ``concurrency`` (a root waiting for its children holds none)
+        self.child_pool: ThreadPoolExecutor | None = None
+        self.permits: threading.Semaphore | None = None
+        #: a fan-out child's own worker: it runs its nested fan-outs itself and commits with its root
+        self.is_child = False
         #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out).
         self._known_children: set[str] = set()
         #: (step, enclosing, iteration, selector) -> (coordinates, frame key, path, STEP_COMPLETED shape):
@@ -850,7 +856,10 @@ class _Runner:
             make_input = step.input
             inputs = [self._call(item, coord, lambda: dict(make_input(item.data, ctx))) if make_input else item.data]
             bodies = [step.pipeline]
-        children_fields: list[dict[str, Any]] = []
+        children_fields: list[dict[str, Any]] = [{} for _ in inputs]
+        # a root on a worker thread (the main thread's own replays stay sequential)
+        parallel = self.child_pool is not None and isinstance(self, _ItemWorker) and not self.is_child
+        jobs: list[tuple[int, _Item, Step, dict[str, Any] | None]] = []
         for idx, (child_input, body) in enumerate(zip(inputs, bodies)):
             cid = child_item_id(item.item_id, step.name, idx)
             fp = fingerprint_of(child_input)
@@ -861,7 +870,7 @@ class _Runner:
                 and cstate.input_fingerprint == fp
                 and cstate.processor_version == self.pv
             ):
-                children_fields.append(_loaded(cstate.fields))
+                children_fields[idx] = _loaded(cstate.fields)
                 continue
             resumable = (
                 cstate is not None
@@ -869,30 +878,37 @@ class _Runner:
                 and cstate.input_fingerprint == fp
                 and cstate.processor_version == self.pv
             )
+            created: dict[str, Any] | None = None
             if resumable:
                 child = _Item.start(cid, item.key, child_input, fp, cstate, item.children)
             else:
                 if cstate is None and cid not in self._known_children:
                     self.writer.prime(cid, last_seq=-1)
                 child = _Item(cid, item.key, child_input, fp, None, item.children)
-                self.batch.item_created(
-                    cid,
-                    input_fingerprint=fp,
-                    processor_version=self.pv,
-                    parent_item_id=item.item_id,
-                    step=step.name,
-                    step_kind=type(step).kind.value,
-                    enclosing_step=coord.enclosing_step,
-                    fanout_index=idx,
-                    selector_step=coord.selector_step,
-                )
+                created = {
+                    "input_fingerprint": fp,
+                    "processor_version": self.pv,
+                    "parent_item_id": item.item_id,
+                    "step": step.name,
+                    "step_kind": type(step).kind.value,
+                    "enclosing_step": coord.enclosing_step,
+                    "fanout_index": idx,
+                    "selector_step": coord.selector_step,
+                }
             # From here on the writer tracks the child's sequence; a Loop running this fan-out again
             # starts a new generation of the same child id after it, never over it.
             self._known_children.add(cid)
             item.children.pop(cid, None)
+            if parallel:
+                jobs.append((idx, child, body, created))
+                continue
+            if created is not None:
+                self.batch.item_created(cid, **created)
             status, reason = self._drive(child, body, path, None, None)
             self.batch.terminal(cid, status=status, reason=reason)
-            children_fields.append(dict(child.fields))
+            children_fields[idx] = dict(child.fields)
+        if jobs:
+            self._run_children(jobs, path, children_fields)
         sets: dict[str, Any] = {}
         try:
             reduce = getattr(step, "reduce", None)
@@ -905,6 +921,42 @@ class _Runner:
         except Exception as exc:
             raise _StepFailure(item.item_id, coord, exc) from exc
         self._complete(item, coord, sets, [])
+
+    def _run_children(
+        self, jobs: list[tuple[int, _Item, Step, dict[str, Any] | None]], path: str, fields: list[dict[str, Any]]
+    ) -> None:
+        """Run a root's fan-out children in the child pool; merge their buffers in index order.
+
+        Each child gets its own worker and buffer, so the events are those of the sequential loop
+        (every item numbers its own events). The root gives its permit back while it waits, so the
+        threads running user code stay at ``concurrency``. When children fail, the first in index
+        order is raised, as the sequential loop would raise it; the buffers of every child are kept,
+        so work that finished beside a failure is not redone on the rerun.
+        """
+        assert self.child_pool is not None and self.permits is not None and isinstance(self, _ItemWorker)
+        running = []
+        for idx, child, body, created in jobs:
+            worker = _ItemWorker.for_item(self.main)
+            worker.is_child = True
+            worker._known_children = self._known_children  # ids of one root: disjoint keys, GIL-atomic adds
+            running.append((idx, worker, self.child_pool.submit(worker.work_child, child, body, path, created)))
+        self.permits.release()
+        try:
+            outcomes = [(idx, worker, future.result()) for idx, worker, future in running]
+        finally:
+            self.permits.acquire()
+        first: BaseException | None = None
+        for idx, worker, (child_fields, exc) in outcomes:
+            self.batch._extend(worker.batch)
+            self.report.invocations += worker.report.invocations
+            self.steps += worker.steps
+            if exc is not None:
+                first = first or exc
+            else:
+                assert child_fields is not None
+                fields[idx] = child_fields
+        if first is not None:
+            raise first
 
 
 class _StepFailure(Exception):
@@ -946,15 +998,41 @@ class _ItemWorker(_Runner):
 
     def work(self, item: _Item) -> tuple[tuple[str, Any] | None, BaseException | None]:
         """Drive the item; the outcome or the exception, for the main thread to acknowledge."""
+        if self.permits is not None:
+            self.permits.acquire()
         try:
             return self._drive(item, self.pipeline, None, None, None), None
         except BaseException as exc:
             return None, exc
+        finally:
+            if self.permits is not None:
+                self.permits.release()
+
+    def work_child(
+        self, child: _Item, body: Step, path: str, created: dict[str, Any] | None
+    ) -> tuple[dict[str, Any] | None, BaseException | None]:
+        """Drive one fan-out child into this worker's buffer: its fields, or the exception."""
+        assert self.permits is not None
+        with self.permits:
+            try:
+                if created is not None:
+                    self.batch.item_created(child.item_id, **created)
+                status, reason = self._drive(child, body, path, None, None)
+                self.batch.terminal(child.item_id, status=status, reason=reason)
+                return dict(child.fields), None
+            except BaseException as exc:
+                return None, exc
 
     def _flush_due(self) -> bool:
-        """At a step boundary, on the sequential run's cadence: ``checkpoint_every=1`` or the time bound."""
-        return bool(self.batch._pending) and (
-            (self.per_step and self.steps > 0) or time.monotonic() - self.main.last_flush >= self.interval
+        """At a step boundary, on the sequential run's cadence: ``checkpoint_every=1`` or the time bound.
+
+        A fan-out child's worker never hands over: its events join its root's buffer when the
+        children are done (a failing child then stops its siblings' events nowhere in the log).
+        """
+        return (
+            not self.is_child
+            and bool(self.batch._pending)
+            and ((self.per_step and self.steps > 0) or time.monotonic() - self.main.last_flush >= self.interval)
         )
 
     def flush(self) -> None:
@@ -1058,7 +1136,9 @@ def run_items(
     commit, acknowledging items as they finish; a thread hands its item's finished steps to that
     thread on the sequential cadence (each step with ``checkpoint_every=1``, else the time bound), so
     a crash loses no more of a long item than without threads. Inbox replays stay sequential (a few
-    items resuming mid-cursor). Fan-out children run inside their root's thread, one after another.
+    items resuming mid-cursor). A root's fan-out children run in a second pool of threads, each into
+    its own buffer merged in index order; permits keep the threads running user code at
+    ``concurrency`` (a root waiting for its children holds none).
     """
     if checkpoint_every is not None and (
         isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1
@@ -1174,13 +1254,22 @@ def _run_pulls_concurrently(
                 yield by_id[iid], iid in replayed_restarts, iid in plan.last_seq
 
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="datagen-item")
+    if runner.has_fanout:
+        # a second pool: children queued behind roots that wait for them would never run
+        runner.child_pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="datagen-child")
+        runner.permits = threading.Semaphore(concurrency)
+    pools = [p for p in (pool, runner.child_pool) if p is not None]
     try:
         runner.run_concurrent(pool, concurrency, jobs(), tick)
     except BaseException:
         # in-flight items are not acknowledged (they replay next run); their threads end on their own
-        pool.shutdown(wait=False, cancel_futures=True)
+        for p in pools:
+            p.shutdown(wait=False, cancel_futures=True)
         raise
-    pool.shutdown(wait=True)
+    finally:
+        runner.child_pool = runner.permits = None
+    for p in pools:
+        p.shutdown(wait=True)
 
 
 def _chunks(seq: list[str], n: int) -> Iterable[list[str]]:

@@ -317,7 +317,7 @@ class DatagenMapOperator(_DatagenBase):
         or HTTP calls); ``process`` must then be thread-safe. ``1`` (the default) runs items one at a
         time. A thread hands its item's finished steps to the task's writer on the usual cadence, so
         ``checkpoint_every=1`` still commits each step before the item's next one. A fan-out's
-        children run in their root's thread.
+        children run in threads too; at most ``concurrency`` threads run user code at once.
     :param datagen_conn_id: connection of type ``datagen``.
     """
 

@@ -461,3 +461,76 @@ def test_a_commit_error_while_workers_wait_ends_the_run_and_releases_them(
     while any(t.name.startswith("datagen-item") for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("datagen-item")]
+
+
+# --- fan-out children in parallel ---------------------------------------------------------------
+
+
+def _chunked(calls: Calls, *, meet: threading.Barrier | None = None, bad: frozenset[str] = frozenset()) -> MapReduce:
+    """A root split into six children; ``meet`` makes two children wait for each other."""
+
+    def over(item: dict[str, Any], ctx: Any) -> list[dict[str, Any]]:
+        return [{"part": i, "text": f"{item['text']}#{i}"} for i in range(6)]
+
+    def piece(child: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.record(ctx.item_id)
+        with calls:
+            if meet is not None and child["part"] < 2:
+                meet.wait(timeout=20)  # raises BrokenBarrierError unless both run at once
+            time.sleep(_sleep_for(ctx.item_id))
+        if ctx.item_id in bad:
+            raise ValueError(f"cannot handle {ctx.item_id}")
+        return {"piece": child["text"].upper()}
+
+    def reduce(children: list[dict[str, Any]], ctx: Any) -> dict[str, Any]:
+        return {"joined": "|".join(c["piece"] for c in children)}
+
+    return MapReduce("split", over=over, map=piece, reduce=reduce)
+
+
+def test_the_children_of_one_root_run_at_the_same_time(tmp_path: Any) -> None:
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    run_items(seq_log, make_items(1), _chunked(Calls()))
+    calls = Calls()
+    report = run_items(par_log, make_items(1), _chunked(calls, meet=threading.Barrier(2)), concurrency=3)
+    assert report.processed == ["0"] and not report.failed  # the two children met: they overlapped
+    assert 2 <= calls.max_now <= 3
+    assert _event_ids(par_log) == _event_ids(seq_log)
+    assert results_fp(par_log) == results_fp(seq_log)
+    assert par_log.item_state("0").fields["joined"] == seq_log.item_state("0").fields["joined"]
+
+
+@pytest.mark.parametrize("concurrency", [2, 3])
+def test_roots_and_children_together_stay_within_concurrency(tmp_path: Any, concurrency: int) -> None:
+    calls = Calls()
+
+    def prepare(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        # a root's own step, which may run while other roots' children run
+        calls.record(ctx.item_id)
+        with calls:
+            time.sleep(0.002 + _sleep_for(ctx.item_id))
+        return {"prepared": True}
+
+    pipe = Sequence("work", [Step("prepare", prepare), _chunked(calls), Step("again", prepare)])
+    run_items(open_log(tmp_path, "bound"), make_items(12), pipe, concurrency=concurrency)
+    assert sum(calls.by_item.values()) == 12 * 2 + 12 * 6
+    assert 1 < calls.max_now <= concurrency
+
+
+def test_a_failing_child_fails_its_root_as_in_a_sequential_run_and_keeps_its_siblings_work(
+    tmp_path: Any,
+) -> None:
+    bad = frozenset({"3/split:1", "3/split:4"})
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    seq = run_items(seq_log, make_items(6), _chunked(Calls(), bad=bad))
+    par = run_items(par_log, make_items(6), _chunked(Calls(), bad=bad), concurrency=4)
+    assert par.failed == seq.failed == ["3"]
+    (p,), (s,) = par_log.failures("3/split:1"), seq_log.failures("3/split:1")
+    assert (p.error_type, p.message) == (s.error_type, s.message) == ("ValueError", "cannot handle 3/split:1")
+    assert not seq_log.failures("3/split:4")  # sequential never reached the second bad child
+    # the children that finished beside the failure are kept: the rerun redoes only the failed ones
+    rerun = Calls()
+    run_items(par_log, make_items(6), _chunked(rerun), concurrency=4, epoch=2)
+    assert set(rerun.by_item) == set(bad)
+    run_items(seq_log, make_items(6), _chunked(Calls()), epoch=2)
+    assert results_fp(par_log) == results_fp(seq_log)
