@@ -305,7 +305,7 @@ class _Runner:
         #: the threads running user code at ``concurrency`` (a root waiting for its children holds none)
         self.child_pool: ThreadPoolExecutor | None = None
         self.permits: threading.Semaphore | None = None
-        #: a fan-out child's own worker: it runs its nested fan-outs itself and commits with its root
+        #: a fan-out child's own worker: it runs its nested fan-outs in its own thread
         self.is_child = False
         #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out).
         self._known_children: set[str] = set()
@@ -1026,13 +1026,11 @@ class _ItemWorker(_Runner):
     def _flush_due(self) -> bool:
         """At a step boundary, on the sequential run's cadence: ``checkpoint_every=1`` or the time bound.
 
-        A fan-out child's worker never hands over: its events join its root's buffer when the
-        children are done (a failing child then stops its siblings' events nowhere in the log).
+        A fan-out child's worker hands over its own events too; what is left of them joins its
+        root's buffer once the children are done.
         """
-        return (
-            not self.is_child
-            and bool(self.batch._pending)
-            and ((self.per_step and self.steps > 0) or time.monotonic() - self.main.last_flush >= self.interval)
+        return bool(self.batch._pending) and (
+            (self.per_step and self.steps > 0) or time.monotonic() - self.main.last_flush >= self.interval
         )
 
     def flush(self) -> None:

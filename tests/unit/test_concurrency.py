@@ -534,3 +534,27 @@ def test_a_failing_child_fails_its_root_as_in_a_sequential_run_and_keeps_its_sib
     assert set(rerun.by_item) == set(bad)
     run_items(seq_log, make_items(6), _chunked(Calls()), epoch=2)
     assert results_fp(par_log) == results_fp(seq_log)
+
+
+def test_with_checkpoint_every_1_a_childs_steps_are_durable_before_its_next_step(tmp_path: Any) -> None:
+    wrong: list[str] = []
+    checked = Calls()
+
+    def first(child: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return {"first": child["part"]}
+
+    def second(child: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        checked.record(ctx.item_id)
+        done = {c.step for c in open_log(tmp_path, "kids").item_state(ctx.item_id).completed_steps}
+        if "first" not in done:
+            wrong.append(f"{ctx.item_id}: {sorted(done)}")
+        return {"second": ctx.fields["first"] * 2}
+
+    pipe = MapReduce(
+        "split",
+        over=lambda item, ctx: [{"part": i} for i in range(4)],
+        map=Sequence("pair", [Step("first", first), Step("second", second)]),
+    )
+    run_items(open_log(tmp_path, "kids"), make_items(3), pipe, concurrency=3, checkpoint_every=1)
+    assert len(checked.by_item) == 12
+    assert not wrong
