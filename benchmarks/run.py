@@ -16,6 +16,9 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
   small commits against a freshly written log.
 * ``airflow``: 1,000 items as 10 chunks through ``DatagenMapOperator`` against 1,000 native mapped task
   instances doing the same fake work, and the rerun with 99 % done (``dag.test()``).
+* ``fanout``: a few roots split into many children each (5 ms of I/O-like waiting per child) through
+  ``run_items`` with ``concurrency=8``, against the same run with ``concurrency=1``; with fewer roots
+  than threads, only running children in parallel fills the threads.
 
 Every figure is a median over repeats; ratios compare figures of this run only.
 """
@@ -543,12 +546,61 @@ def bench_airflow(tmp: Path, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+# --- 5. fan-out under threads -------------------------------------------------------------------
+
+
+def bench_fanout(tmp: Path, quick: bool) -> dict[str, Any]:
+    from airflow_provider_datagen.core import CheckpointLog, MapReduce, run_items
+
+    roots, children, wait_s = (2, 16, 0.005) if quick else (4, 64, 0.005)
+
+    def over(item: dict[str, Any], ctx: Any) -> list[dict[str, Any]]:
+        return [{"part": i} for i in range(children)]
+
+    def piece(child: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        time.sleep(wait_s)  # a model or HTTP call: the GIL is released while waiting
+        return {"piece": child["part"]}
+
+    def reduce(parts: list[dict[str, Any]], ctx: Any) -> dict[str, Any]:
+        return {"total": sum(p["piece"] for p in parts)}
+
+    pipeline = MapReduce("split", over=over, map=piece, reduce=reduce)
+    items = [{"id": f"doc-{i}"} for i in range(roots)]
+
+    def run(concurrency: int) -> None:
+        log = CheckpointLog.open(tmp / f"fan-{time.monotonic_ns()}", pipeline="b", experiment="e")
+        report = run_items(log, items, pipeline, concurrency=concurrency)
+        if len(report.processed) != roots:
+            raise AssertionError(f"fan-out bench: {report.as_dict()}")
+
+    sequential = median_time(lambda: run(1), 3)
+    threaded = median_time(lambda: run(8), 3)
+    work = roots * children * wait_s
+    row = {
+        "roots": roots,
+        "children_per_root": children,
+        "wait_per_child_s": wait_s,
+        "sequential_s": sequential,
+        "concurrency_8_s": threaded,
+        "speedup": sequential / threaded,
+        "roots_only_bound": float(min(roots, 8)),
+        "waiting_s": work,
+    }
+    print(
+        f"  {roots} roots x {children} children, {wait_s * 1000:.0f} ms each ({work:.2f} s of waiting): "
+        f"concurrency=1 {sequential:.2f} s | concurrency=8 {threaded:.2f} s -> {sequential / threaded:.1f}x "
+        f"(threads over roots alone could give at most {min(roots, 8)}x)",
+        flush=True,
+    )
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    parser.add_argument("--only", nargs="*", choices=["throughput", "plan", "reads", "airflow"])
+    parser.add_argument("--only", nargs="*", choices=["throughput", "plan", "reads", "airflow", "fanout"])
     args = parser.parse_args(argv)
-    sections = args.only or ["throughput", "plan", "reads", "airflow"]
+    sections = args.only or ["throughput", "plan", "reads", "airflow", "fanout"]
     tmp = Path(tempfile.mkdtemp(prefix="datagen-bench-"))
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}, "quick": args.quick}
     if RESULTS.exists():
@@ -558,7 +610,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in sections:
             print(f"== {name}", flush=True)
             t = time.perf_counter()
-            fn = {"throughput": bench_throughput, "plan": bench_plan, "reads": bench_reads, "airflow": bench_airflow}
+            fn = {
+                "throughput": bench_throughput,
+                "plan": bench_plan,
+                "reads": bench_reads,
+                "airflow": bench_airflow,
+                "fanout": bench_fanout,
+            }
             results[name] = fn[name](tmp, args.quick)
             print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)
     finally:
