@@ -475,16 +475,6 @@ def fold_table(events: pa.Table) -> pa.Table:
     return fold_batches(events.to_batches())[0]
 
 
-def fold_aligned(events: pa.Table, ids: pa.Array) -> tuple[pa.Table, np.ndarray]:
-    """:func:`fold_table`, plus for each of ``ids`` (unique) its row in the result, or -1 without events.
-
-    The planner's form: it folds and matches the source's ids in one hashing pass.
-    """
-    table, index = fold_batches(events.to_batches(), ids)
-    assert index is not None
-    return table, index
-
-
 def fold_batches(
     batches: Iterable[pa.RecordBatch | pa.Table],
     ids: pa.Array | None = None,
@@ -495,7 +485,8 @@ def fold_batches(
 
     Each batch is reduced to numbers as it arrives (:class:`_Compacted`), so a scan of millions of
     events costs a fraction of their columns' memory. With ``ids`` (unique), also each id's row in
-    the result, or -1 when it has no events (see :func:`fold_aligned`).
+    the result, or -1 when it has no events: the planner's form, which folds and matches the
+    source's ids in one hashing pass.
 
     ``other``: the same rows' other columns as a second stream (then ``batches`` needs only
     ``item_id``). It is reduced on a worker thread, so hashing the ids (a third of the fold) runs

@@ -1236,8 +1236,7 @@ class CheckpointLog:
             return 1
         version = int(ds.version)
         top, base = 0, None
-        # only with stable row ids do rows carry the version that committed them (see _states_at)
-        if getattr(ds, "has_stable_row_ids", False):
+        if _row_versions(ds):
             folded = self._memo_base(version) or self._read_projection(version, columns=["max_epoch"])
             if folded is not None:
                 top, base = _max_of(folded[0]["max_epoch"]), folded[1]
@@ -1428,10 +1427,7 @@ class CheckpointLog:
     def _states_at(
         self, ds: lance.LanceDataset, version: int, ids: pa.Array | Sequence[str] | None
     ) -> tuple[pa.Table, np.ndarray | None]:
-        # Rows carry their commit's version only with stable row ids (otherwise every row reads as
-        # version 1); our logs always have them, a dataset written by another tool may not.
-        tracked = bool(getattr(ds, "has_stable_row_ids", False))
-        proj = (self._memo_base(version) or self._read_projection(version)) if tracked else None
+        proj = (self._memo_base(version) or self._read_projection(version)) if _row_versions(ds) else None
         if proj is not None:
             table, pversion = proj
             if pversion == ds.version:
@@ -1493,10 +1489,8 @@ class CheckpointLog:
                 return
             except (OSError, ValueError, RuntimeError) as exc:
                 raise self._translate(exc, "reading the log") from None
-            if checked and batch.num_rows:
-                versions = batch.column("schema_version")
-                for v in {pc.max(versions).as_py(), pc.min(versions).as_py()}:
-                    self._check_version(int(v))
+            if checked:
+                self._check_versions(batch.column("schema_version"))
             yield batch
 
     def _scan_ds(self, ds: lance.LanceDataset, columns: Sequence[str], filter: Any) -> pa.Table:
@@ -1505,29 +1499,46 @@ class CheckpointLog:
             table = ds.to_table(columns=cols, filter=filter)
         except (OSError, ValueError, RuntimeError) as exc:
             raise self._translate(exc, "reading the log") from None
-        if table.num_rows:
-            for v in {pc.max(table["schema_version"]).as_py(), pc.min(table["schema_version"]).as_py()}:
-                self._check_version(int(v))
+        self._check_versions(table["schema_version"])
         return table
 
-    def _read_projection(self, log_version: int, columns: Sequence[str] | None = None) -> tuple[pa.Table, int] | None:
-        """The state projection (or its ``columns``) and the log version it folds; None when absent or unusable.
+    def _check_versions(self, versions: pa.ChunkedArray | pa.Array) -> None:
+        """:meth:`_check_version` for the lowest and highest schema version in a scanned column."""
+        if len(versions):
+            for v in {pc.max(versions).as_py(), pc.min(versions).as_py()}:
+                self._check_version(int(v))
+
+    def _open_projection(self) -> tuple[lance.LanceDataset, int] | None:
+        """The state projection and the log version it folds, when it is one this code can read.
 
         The projection is a disposable cache (seed 000: rebuildable, excluded from correctness): any
-        doubt (missing, unreadable, another schema, a version ahead of the log) means a full fold.
+        doubt (missing, unreadable, another schema) means there is none.
         """
         if _is_local(self.projection_uri) and not os.path.isdir(os.path.join(self.projection_uri, "_versions")):
             return None
         try:
             pds = lance.dataset(self.projection_uri, storage_options=self.storage_options)
-            meta = pds.schema.metadata or {}
-            pversion = int(meta.get(b"log_version", b"-1"))
-            if (
-                int(meta.get(b"datagen_schema_version", b"0")) != DATAGEN_SCHEMA_VERSION
-                or not 0 < pversion <= log_version
-                or pds.schema.remove_metadata() != STATE_SCHEMA
-            ):
-                return None
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("ignoring the state projection of %s: %s", self.uri, str(exc)[:200])
+            return None
+        meta = pds.schema.metadata or {}
+        if (
+            int(meta.get(b"datagen_schema_version", b"0")) != DATAGEN_SCHEMA_VERSION
+            or pds.schema.remove_metadata() != STATE_SCHEMA
+        ):
+            return None
+        return pds, int(meta.get(b"log_version", b"-1"))
+
+    def _read_projection(self, log_version: int, columns: Sequence[str] | None = None) -> tuple[pa.Table, int] | None:
+        """The state projection (or its ``columns``) and the log version it folds; None when unusable.
+
+        A projection of a version ahead of the log (a log deleted and written again) is unusable too.
+        """
+        opened = self._open_projection()
+        if opened is None or not 0 < opened[1] <= log_version:
+            return None
+        pds, pversion = opened
+        try:
             table = pds.to_table(columns=None if columns is None else list(columns))
         except (OSError, ValueError, RuntimeError) as exc:
             log.warning("ignoring the state projection of %s: %s", self.uri, str(exc)[:200])
@@ -1578,7 +1589,7 @@ class CheckpointLog:
         if min_new_events is None:
             min_new_events = PROJECTION_MIN_NEW_EVENTS
         ds = self._dataset()
-        if ds is None or not getattr(ds, "has_stable_row_ids", False):
+        if ds is None or not _row_versions(ds):
             return False
         folded = self._memo_base(int(ds.version))
         if folded is None:
@@ -1607,16 +1618,9 @@ class CheckpointLog:
         return stored
 
     def _projection_version(self) -> int:
-        """The log version the state projection folds; 0 when there is none (or it cannot be read)."""
-        if _is_local(self.projection_uri) and not os.path.isdir(os.path.join(self.projection_uri, "_versions")):
-            return 0
-        try:
-            meta = lance.dataset(self.projection_uri, storage_options=self.storage_options).schema.metadata or {}
-            if int(meta.get(b"datagen_schema_version", b"0")) != DATAGEN_SCHEMA_VERSION:
-                return 0  # another schema's projection is never read: replacing it is right
-            return max(int(meta.get(b"log_version", b"0")), 0)
-        except (OSError, ValueError, RuntimeError):
-            return 0
+        """The log version the state projection folds; 0 when there is none it could be read as."""
+        opened = self._open_projection()
+        return 0 if opened is None else max(opened[1], 0)
 
     def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
         """Counts of root items by lifecycle status, failures, and the log version."""
@@ -1785,6 +1789,15 @@ DatagenErrorTypes = (
 )
 
 __all__ = ["Batch", "CheckpointLog", "LogWriter"]
+
+
+def _row_versions(ds: lance.LanceDataset) -> bool:
+    """Whether rows carry the version that committed them (``_row_created_at_version``).
+
+    Only with stable row ids; otherwise every row reads as version 1. Our logs always have them, a
+    dataset written by another tool may not: then no delta since a version can be trusted.
+    """
+    return bool(getattr(ds, "has_stable_row_ids", False))
 
 
 def _max_of(col: pa.ChunkedArray | pa.Array) -> int:

@@ -35,7 +35,6 @@ from airflow_provider_datagen.core.fold import (
     _Compacted,
     _fold,
     failure_records,
-    fold_aligned,
     fold_batches,
     state_row,
 )
@@ -614,11 +613,10 @@ def test_aligned_fold_equals_reference_fold_and_indexes_the_given_ids(
     if by_item:  # long runs of one item, as an ack commit writes them: the run-head path of the encoder
         events = sorted(events, key=lambda e: e.item_id)
     light = to_table(events, chunks)
-    if chunks == 2:  # the log's form: a stream of small batches, an item's run split across them
-        table, index = fold_batches(light.to_batches(max_chunksize=3), pa.array(ids, pa.string()))
-        assert index is not None
-    else:
-        table, index = fold_aligned(light, pa.array(ids, pa.string()))
+    # chunks == 2: the log's form, a stream of small batches with an item's run split across them
+    batches = light.to_batches(max_chunksize=3) if chunks == 2 else light.to_batches()
+    table, index = fold_batches(batches, pa.array(ids, pa.string()))
+    assert index is not None
     assert sorted(table.to_pylist(), key=lambda r: r["item_id"]) == reference_rows(events)
     present = {e.item_id for e in events}
     assert len(index) == len(ids)
