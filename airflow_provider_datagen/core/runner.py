@@ -305,8 +305,6 @@ class _Runner:
         #: the threads running user code at ``concurrency`` (a root waiting for its children holds none)
         self.child_pool: ThreadPoolExecutor | None = None
         self.permits: threading.Semaphore | None = None
-        #: a fan-out child's own worker: it runs its nested fan-outs in its own thread
-        self.is_child = False
         #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out).
         self._known_children: set[str] = set()
         #: (step, enclosing, iteration, selector) -> (coordinates, frame key, path, STEP_COMPLETED shape):
@@ -857,8 +855,8 @@ class _Runner:
             inputs = [self._call(item, coord, lambda: dict(make_input(item.data, ctx))) if make_input else item.data]
             bodies = [step.pipeline]
         children_fields: list[dict[str, Any]] = [{} for _ in inputs]
-        # a root on a worker thread (the main thread's own replays stay sequential)
-        parallel = self.child_pool is not None and isinstance(self, _ItemWorker) and not self.is_child
+        # an item on a worker thread, root or child (the main thread's own replays stay sequential)
+        parallel = self.child_pool is not None and isinstance(self, _ItemWorker)
         jobs: list[tuple[int, _Item, Step, dict[str, Any] | None]] = []
         for idx, (child_input, body) in enumerate(zip(inputs, bodies)):
             cid = child_item_id(item.item_id, step.name, idx)
@@ -925,24 +923,34 @@ class _Runner:
     def _run_children(
         self, jobs: list[tuple[int, _Item, Step, dict[str, Any] | None]], path: str, fields: list[dict[str, Any]]
     ) -> None:
-        """Run a root's fan-out children in the child pool; merge their buffers in index order.
+        """Run an item's fan-out children in the child pool; merge their buffers in index order.
 
         Each child gets its own worker and buffer, so the events are those of the sequential loop
-        (every item numbers its own events). The root gives its permit back while it waits, so the
-        threads running user code stay at ``concurrency``. When children fail, the first in index
-        order is raised, as the sequential loop would raise it; the buffers of every child are kept,
-        so work that finished beside a failure is not redone on the rerun.
+        (every item numbers its own events). The waiting item gives its permit back, so the threads
+        running user code stay at ``concurrency``, and runs the children no pool thread has started
+        itself: a child waiting for its own children must never wait for a pool that such waiting
+        children fill, so nested fan-outs run in parallel at any depth without a pool per depth. When
+        children fail, the first in index order is raised, as the sequential loop would raise it; the
+        buffers of every child are kept, so work that finished beside a failure is not redone on the
+        rerun.
         """
         assert self.child_pool is not None and self.permits is not None and isinstance(self, _ItemWorker)
         running = []
         for idx, child, body, created in jobs:
             worker = _ItemWorker.for_item(self.main)
-            worker.is_child = True
             worker._known_children = self._known_children  # ids of one root: disjoint keys, GIL-atomic adds
-            running.append((idx, worker, self.child_pool.submit(worker.work_child, child, body, path, created)))
+            job = (child, body, path, created)
+            running.append((idx, worker, job, self.child_pool.submit(worker.work_child, *job)))
         self.permits.release()
         try:
-            outcomes = [(idx, worker, future.result()) for idx, worker, future in running]
+            inline = {}
+            # from the back: the pool's threads take the queue from the front
+            for idx, worker, job, future in reversed(running):
+                if future.cancel():
+                    inline[idx] = worker.work_child(*job)
+            outcomes = [
+                (idx, worker, inline[idx] if idx in inline else future.result()) for idx, worker, _, future in running
+            ]
         finally:
             self.permits.acquire()
         first: BaseException | None = None
@@ -1134,9 +1142,9 @@ def run_items(
     commit, acknowledging items as they finish; a thread hands its item's finished steps to that
     thread on the sequential cadence (each step with ``checkpoint_every=1``, else the time bound), so
     a crash loses no more of a long item than without threads. Inbox replays stay sequential (a few
-    items resuming mid-cursor). A root's fan-out children run in a second pool of threads, each into
-    its own buffer merged in index order; permits keep the threads running user code at
-    ``concurrency`` (a root waiting for its children holds none).
+    items resuming mid-cursor). Fan-out children, at any depth, run in a second pool of threads, each
+    into its own buffer merged in index order; permits keep the threads running user code at
+    ``concurrency`` (an item waiting for its children holds none and runs those not yet started).
     """
     if checkpoint_every is not None and (
         isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1

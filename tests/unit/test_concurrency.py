@@ -558,3 +558,70 @@ def test_with_checkpoint_every_1_a_childs_steps_are_durable_before_its_next_step
     run_items(open_log(tmp_path, "kids"), make_items(3), pipe, concurrency=3, checkpoint_every=1)
     assert len(checked.by_item) == 12
     assert not wrong
+
+
+def _nested(calls: Calls, *, meet: threading.Barrier | None = None, bad: frozenset[str] = frozenset()) -> MapReduce:
+    """A root split into three children, each split again into three grandchildren."""
+
+    def leaf(grandchild: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.record(ctx.item_id)
+        with calls:
+            if meet is not None and ctx.item_id.startswith("0/outer:1/") and grandchild["part"] < 2:
+                meet.wait(timeout=20)  # raises BrokenBarrierError unless both run at once
+            time.sleep(_sleep_for(ctx.item_id))
+        if ctx.item_id in bad:
+            raise ValueError(f"cannot handle {ctx.item_id}")
+        return {"leaf": grandchild["text"].upper()}
+
+    inner = MapReduce(
+        "inner",
+        over=lambda child, ctx: [{"part": i, "text": f"{child['text']}.{i}"} for i in range(3)],
+        map=Step("leaf", leaf),
+        reduce=lambda parts, ctx: {"joined": "+".join(p["leaf"] for p in parts)},
+    )
+    return MapReduce(
+        "outer",
+        over=lambda item, ctx: [{"text": f"{item['text']}#{i}"} for i in range(3)],
+        map=inner,
+        reduce=lambda parts, ctx: {"all": "|".join(p["joined"] for p in parts)},
+    )
+
+
+def test_the_grandchildren_of_one_child_run_at_the_same_time(tmp_path: Any) -> None:
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    run_items(seq_log, make_items(2), _nested(Calls()))
+    calls = Calls()
+    report = run_items(par_log, make_items(2), _nested(calls, meet=threading.Barrier(2)), concurrency=3)
+    assert sorted(report.processed) == ["0", "1"] and not report.failed  # the two grandchildren met
+    assert set(calls.by_item.values()) == {1} and len(calls.by_item) == 2 * 3 * 3
+    assert 2 <= calls.max_now <= 3
+    assert _event_ids(par_log) == _event_ids(seq_log)
+    assert results_fp(par_log) == results_fp(seq_log)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [2, 3])
+def test_nested_fanouts_never_wait_for_a_pool_their_own_parents_fill(tmp_path: Any, concurrency: int) -> None:
+    # more waiting children than pool threads: the children nobody started run in the waiting thread
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    run_items(seq_log, make_items(8), _nested(Calls()))
+    calls = Calls()
+    report = run_items(par_log, make_items(8), _nested(calls), concurrency=concurrency)
+    assert len(report.processed) == 8 and sum(calls.by_item.values()) == 8 * 9
+    assert 1 < calls.max_now <= concurrency
+    assert _event_ids(par_log) == _event_ids(seq_log)
+
+
+def test_a_failing_grandchild_fails_its_root_as_in_a_sequential_run_and_keeps_the_rest(tmp_path: Any) -> None:
+    bad = frozenset({"1/outer:0/inner:2", "1/outer:2/inner:0"})
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    seq = run_items(seq_log, make_items(3), _nested(Calls(), bad=bad))
+    par = run_items(par_log, make_items(3), _nested(Calls(), bad=bad), concurrency=3)
+    assert par.failed == seq.failed == ["1"]
+    (p,), (s,) = par_log.failures("1/outer:0/inner:2"), seq_log.failures("1/outer:0/inner:2")
+    assert (p.error_type, p.message) == (s.error_type, s.message)
+    rerun = Calls()
+    run_items(par_log, make_items(3), _nested(rerun), concurrency=3, epoch=2)
+    assert set(rerun.by_item) == set(bad)
+    run_items(seq_log, make_items(3), _nested(Calls()), epoch=2)
+    assert results_fp(par_log) == results_fp(seq_log)
