@@ -1237,7 +1237,7 @@ class CheckpointLog:
         version = int(ds.version)
         top, base = 0, None
         if _row_versions(ds):
-            folded = self._memo_base(version) or self._read_projection(version, columns=["max_epoch"])
+            folded = self._memo_base(ds) or self._read_projection(version, columns=["max_epoch"])
             if folded is not None:
                 top, base = _max_of(folded[0]["max_epoch"]), folded[1]
         if base != version:
@@ -1400,34 +1400,43 @@ class CheckpointLog:
         version = int(ds.version)
         table, index = self._states_at(ds, version, ids)
         if self.remember_fold:
-            self._memo = (version, self._version_token(version), table)
+            self._memo = (version, self._version_token(version, ds), table)
         return table, index
 
-    def _version_token(self, version: int) -> tuple[int, int] | None:
-        """The identity of a local version's manifest: a log deleted and written again reuses numbers."""
-        if not _is_local(self.uri):
-            return None
-        try:
-            st = os.stat(os.path.join(_local_path(self.uri), "_versions", f"{_U64 - version}.manifest"))
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns
+    def _version_token(self, version: int, ds: lance.LanceDataset) -> tuple[Any, ...] | None:
+        """The identity of a version's manifest: a log deleted and written again reuses numbers.
 
-    def _memo_base(self, version: int) -> tuple[pa.Table, int] | None:
-        """The states this object folded last, when they are of this log at ``version`` or before it.
+        Local: the manifest file's inode and mtime (one stat). Object stores: the commit time the
+        manifest records, from ``ds`` (the log as the caller loaded it) when it is at ``version``,
+        so nothing is fetched, else from that version's manifest (one read). None when unknown.
+        """
+        if _is_local(self.uri):
+            try:
+                st = os.stat(os.path.join(_local_path(self.uri), "_versions", f"{_U64 - version}.manifest"))
+            except OSError:
+                return None
+            return st.st_ino, st.st_mtime_ns
+        try:
+            at = ds if int(ds.version) == version else ds.checkout_version(version)
+            return ("committed", str(at.get_version()["timestamp"]))
+        except (OSError, ValueError, RuntimeError):
+            return None  # that version is gone (cleaned up): its fold cannot be proven of this log
+
+    def _memo_base(self, ds: lance.LanceDataset) -> tuple[pa.Table, int] | None:
+        """The states this object folded last, when they are of this log at ``ds``'s version or before it.
 
         A map task folds the log to plan its chunk and again for its status after writing: the
         second fold then reads only the items the task touched, as with the projection.
         """
         memo = self._memo
-        if memo is None or memo[1] is None or memo[0] > version or memo[1] != self._version_token(memo[0]):
+        if memo is None or memo[1] is None or memo[0] > int(ds.version) or memo[1] != self._version_token(memo[0], ds):
             return None
         return memo[2], memo[0]
 
     def _states_at(
         self, ds: lance.LanceDataset, version: int, ids: pa.Array | Sequence[str] | None
     ) -> tuple[pa.Table, np.ndarray | None]:
-        proj = (self._memo_base(version) or self._read_projection(version)) if _row_versions(ds) else None
+        proj = (self._memo_base(ds) or self._read_projection(version)) if _row_versions(ds) else None
         if proj is not None:
             table, pversion = proj
             if pversion == ds.version:
@@ -1519,7 +1528,9 @@ class CheckpointLog:
         try:
             pds = lance.dataset(self.projection_uri, storage_options=self.storage_options)
         except (OSError, ValueError, RuntimeError) as exc:
-            log.warning("ignoring the state projection of %s: %s", self.uri, str(exc)[:200])
+            # on an object store there is no directory to look for first: absent is the usual case
+            if "not found" not in str(exc).lower():
+                log.warning("ignoring the state projection of %s: %s", self.uri, str(exc)[:200])
             return None
         meta = pds.schema.metadata or {}
         if (
@@ -1583,15 +1594,15 @@ class CheckpointLog:
         it again from scratch (seconds and most of a GiB at millions of events). Writing the fold it
         already has costs a fraction of one fold, and only when at least ``min_new_events`` events
         are covered by this fold but not by the projection (default :data:`PROJECTION_MIN_NEW_EVENTS`).
-        Local logs only: the fold's identity (the manifest's inode and mtime) is what proves it is of
-        this log. Returns whether it wrote.
+        The fold's identity (see ``_version_token``) is what proves it is of this log. Returns whether
+        it wrote.
         """
         if min_new_events is None:
             min_new_events = PROJECTION_MIN_NEW_EVENTS
         ds = self._dataset()
         if ds is None or not _row_versions(ds):
             return False
-        folded = self._memo_base(int(ds.version))
+        folded = self._memo_base(ds)
         if folded is None:
             return False
         table, version = folded

@@ -62,7 +62,7 @@ def raw_events(log: CheckpointLog, columns: list[str] | None = None) -> pa.Table
     cols = columns or [f.name for f in EVENT_SCHEMA if f.name != "value_blob"]
     if not log.exists():
         return EVENT_SCHEMA.empty_table().select(cols)
-    return lance.dataset(log.uri).to_table(columns=cols)
+    return lance.dataset(log.uri, storage_options=log.storage_options).to_table(columns=cols)
 
 
 def light_events(log: CheckpointLog) -> pa.Table:

@@ -296,3 +296,55 @@ def test_a_missing_bucket_is_reported_as_such_not_as_a_damaged_log(moto_endpoint
     assert "no-such-bucket" in message
     assert "restore" not in message.lower(), message
     assert "bucket" in message.lower() and "connection" in message.lower(), message
+
+
+def test_folds_are_remembered_and_stored_on_s3_and_a_log_written_again_is_never_mistaken_for_them(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an object store the fold's identity is the commit time its manifest records (no inode to stat)."""
+    import boto3
+
+    from airflow_provider_datagen.core import fold_table
+    from tests.integration.helpers_engine import light_events
+    from tests.integration.test_states_memo import ScanCount, _write
+
+    options = {k: str(v).lower() if isinstance(v, bool) else v for k, v in _options(moto_endpoint).items()}
+
+    def opened() -> CheckpointLog:
+        return CheckpointLog.open(f"s3://{BUCKET}/memo", pipeline="p", experiment="e", storage_options=options)
+
+    def folded(log: CheckpointLog) -> list[dict[str, Any]]:
+        return fold_table(light_events(log)).sort_by("item_id").to_pylist()
+
+    log = opened()
+    _write(log, "w", [(op, n) for n in range(60) for op in ("create", "field", "done")])
+    first = log.states()
+    count = ScanCount(monkeypatch)
+    assert log.states().equals(first) and count.calls == 0  # remembered: no scan of an unchanged log
+    _write(log, "w", [(op, n) for n in range(60, 63) for op in ("create", "done")])
+    after = log.states()
+    assert 0 < count.rows < 20  # the 3 new items, not 186 events
+    assert after.sort_by("item_id").to_pylist() == folded(log)
+
+    assert log.refresh_projection(min_new_events=1)  # the planner's fold, stored as the projection
+    count.rows = count.calls = 0
+    mapped = opened()  # a mapped task: reads the projection, scans no event
+    assert mapped.states().sort_by("item_id").to_pylist() == folded(log)
+    assert count.rows == 0 and mapped.next_epoch() == log.next_epoch()
+
+    # The same log deleted and written again: the same version numbers, another history.
+    s3 = boto3.resource(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id=KEY_ID,
+        aws_secret_access_key=SECRET,
+        region_name="us-east-1",
+    )
+    s3.Bucket(BUCKET).objects.filter(Prefix="memo/").delete()
+    other = opened()
+    _write(other, "w", [(op, n) for n in range(60) for op in ("create", "fail")])
+    _write(other, "w", [(op, n) for n in range(60, 63) for op in ("create", "fail")])
+    assert other.version == log._ds.version
+    log._ds = None  # as a new process at the same version numbers would open it
+    assert log.states().sort_by("item_id").to_pylist() == folded(other)
+    assert {r["status"] for r in log.states().to_pylist()} == {"running"}
