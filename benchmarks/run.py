@@ -19,7 +19,8 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
   instances doing the same fake work, and the rerun with 99 % done (``dag.test()``).
 * ``fanout``: a few roots split into many children each (5 ms of I/O-like waiting per child) through
   ``run_items`` with ``concurrency=8``, against the same run with ``concurrency=1``; with fewer roots
-  than threads, only running children in parallel fills the threads.
+  than threads, only running children in parallel fills the threads. And one root split into a few
+  sections split into many pieces: only running the grandchildren in parallel beats the section count.
 
 Every figure is a median over repeats; ratios compare figures of this run only.
 """
@@ -642,18 +643,22 @@ def bench_fanout(tmp: Path, quick: bool) -> dict[str, Any]:
         return {"total": sum(p["piece"] for p in parts)}
 
     pipeline = MapReduce("split", over=over, map=piece, reduce=reduce)
-    items = [{"id": f"doc-{i}"} for i in range(roots)]
 
-    def run(concurrency: int) -> None:
-        log = CheckpointLog.open(tmp / f"fan-{time.monotonic_ns()}", pipeline="b", experiment="e")
-        report = run_items(log, items, pipeline, concurrency=concurrency)
-        if len(report.processed) != roots:
-            raise AssertionError(f"fan-out bench: {report.as_dict()}")
+    def timed(pipe: Any, n_roots: int, concurrency: int) -> float:
+        items = [{"id": f"doc-{i}"} for i in range(n_roots)]
 
-    sequential = median_time(lambda: run(1), 3)
-    threaded = median_time(lambda: run(8), 3)
+        def run() -> None:
+            log = CheckpointLog.open(tmp / f"fan-{time.monotonic_ns()}", pipeline="b", experiment="e")
+            report = run_items(log, items, pipe, concurrency=concurrency)
+            if len(report.processed) != n_roots:
+                raise AssertionError(f"fan-out bench: {report.as_dict()}")
+
+        return median_time(run, 3)
+
+    sequential = timed(pipeline, roots, 1)
+    threaded = timed(pipeline, roots, 8)
     work = roots * children * wait_s
-    row = {
+    row: dict[str, Any] = {
         "roots": roots,
         "children_per_root": children,
         "wait_per_child_s": wait_s,
@@ -667,6 +672,29 @@ def bench_fanout(tmp: Path, quick: bool) -> dict[str, Any]:
         f"  {roots} roots x {children} children, {wait_s * 1000:.0f} ms each ({work:.2f} s of waiting): "
         f"concurrency=1 {sequential:.2f} s | concurrency=8 {threaded:.2f} s -> {sequential / threaded:.1f}x "
         f"(threads over roots alone could give at most {min(roots, 8)}x)",
+        flush=True,
+    )
+    # Nested: one root split into a few sections, each split into many pieces. Threads over the
+    # sections alone could give at most as many times as there are sections.
+    sections, pieces = (2, 8) if quick else (4, 16)
+    nested = MapReduce(
+        "sections",
+        over=lambda item, ctx: [{"section": i} for i in range(sections)],
+        map=MapReduce("pieces", over=lambda sec, ctx: [{"part": i} for i in range(pieces)], map=piece, reduce=reduce),
+    )
+    n_seq, n_thr = timed(nested, 1, 1), timed(nested, 1, 8)
+    row["nested"] = {
+        "sections": sections,
+        "pieces_per_section": pieces,
+        "sequential_s": n_seq,
+        "concurrency_8_s": n_thr,
+        "speedup": n_seq / n_thr,
+        "sections_only_bound": float(min(sections, 8)),
+    }
+    print(
+        f"  1 root x {sections} sections x {pieces} pieces, {wait_s * 1000:.0f} ms each: concurrency=1 {n_seq:.2f} s | "
+        f"concurrency=8 {n_thr:.2f} s -> {n_seq / n_thr:.1f}x (threads over sections alone: at most "
+        f"{min(sections, 8)}x)",
         flush=True,
     )
     return row
