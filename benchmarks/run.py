@@ -338,7 +338,7 @@ def bench_throughput(tmp: Path, quick: bool) -> list[dict[str, Any]]:
     out = []
     settings = [(1, 300 if quick else 1000), (10, 2000 if quick else 5000), (100, 5000 if quick else 20000)]
     settings.append((None, 5000 if quick else 50000))
-    repeats = 3
+    repeats = 5
     for ce, n in settings:
         row = _throughput_case(tmp, ce, n, repeats)
         out.append(row)
