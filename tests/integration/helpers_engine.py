@@ -214,18 +214,48 @@ def steps_pipeline(hook: Callable[[str, Any], None] | None = None) -> Sequence:
     )
 
 
+def nested_pipeline(hook: Callable[[str, Any], None]) -> MapReduce:
+    """A fan-out inside a fan-out: each root split into three sections, each section into three pieces."""
+
+    def label(section: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        hook("label", ctx)
+        return {"label": f"s{section['s']}"}
+
+    def piece(part: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        hook("piece", ctx)
+        return {"sq": part["v"] * part["v"]}
+
+    pieces = MapReduce(
+        "pieces",
+        over=lambda section, ctx: [{"v": section["s"] * 10 + j} for j in range(3)],
+        map=Step("piece", piece),
+        reduce=lambda parts, ctx: {"sum": sum(p["sq"] for p in parts)},
+    )
+    return MapReduce(
+        "sections",
+        over=lambda item, ctx: [{"s": int(item["id"]) % 5 + k} for k in range(3)],
+        map=Sequence("section", [Step("label", label), pieces]),
+        reduce=lambda parts, ctx: {
+            "total": sum(p["sum"] for p in parts),
+            "labels": "|".join(p["label"] for p in parts),
+        },
+    )
+
+
 def build_pipeline(kind: str, recorder: Recorder | None = None, emit: Any = None) -> Any:
     if kind == "flat":
         return flat_process(recorder, emit)
+
+    def hook(step: str, ctx: Any) -> None:
+        if recorder is not None:
+            recorder(ctx)
+        if emit is not None:
+            emit(ctx.idempotency_key(step), canonical_json({"item": ctx.item_id, "step": step}))
+
     if kind == "steps":
-
-        def hook(step: str, ctx: Any) -> None:
-            if recorder is not None:
-                recorder(ctx)
-            if emit is not None:
-                emit(ctx.idempotency_key(step), canonical_json({"item": ctx.item_id, "step": step}))
-
         return steps_pipeline(hook)
+    if kind == "nested":
+        return nested_pipeline(hook)
     raise ValueError(f"unknown pipeline kind {kind!r}")
 
 

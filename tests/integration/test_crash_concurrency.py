@@ -109,6 +109,24 @@ def test_a_killed_threaded_fanout_run_resumes_to_the_sequential_result(
     resume_and_compare(log, every, 4, acked, expected, clean_fp, tmp_path / "resumed.lance", "steps")
 
 
+NESTED_KILLS = [(None, Kill("invocation", 150)), (1, Kill("commit", 20)), (1, Kill("invocation", 200))]
+
+
+@pytest.mark.parametrize(("every", "kill"), NESTED_KILLS, ids=[f"every{e}-{k.mode}@{k.after}" for e, k in NESTED_KILLS])
+def test_a_killed_threaded_nested_fanout_run_resumes_to_the_sequential_result(
+    tmp_path: Path, every: int | None, kill: Kill
+) -> None:
+    """The same with a fan-out inside a fan-out ("nested"): grandchildren run in threads too."""
+    expected, clean_fp = clean_run(tmp_path, every, "nested")
+    s = Schedule("nested-threads", "nested", N, every, [kill])
+    proc = run_worker(worker_cmd(tmp_path, s.name, s, kill, concurrency=4))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    log = open_log(tmp_path, s.name)
+    acked = check_after_kill(log, expected, str(s))
+    assert len(acked) < N
+    resume_and_compare(log, every, 4, acked, expected, clean_fp, tmp_path / "resumed.lance", "nested")
+
+
 def test_a_parent_sigkills_a_threaded_worker_at_random_moments(tmp_path: Path) -> None:
     rng = random.Random(20261130)
     env = dict(os.environ, PYTHONPATH=str(REPO), RUST_LOG="error")
