@@ -946,8 +946,11 @@ class _Runner:
             inline = {}
             # from the back: the pool's threads take the queue from the front
             for idx, worker, job, future in reversed(running):
-                if future.cancel():
-                    inline[idx] = worker.work_child(*job)
+                if future.cancel():  # also true when the run ended and its pools cancelled the queue
+                    if self.main.handoff.closed:  # never start user code after the run has ended
+                        inline[idx] = (None, _RunEnded("the run ended before this fan-out child started"))
+                    else:
+                        inline[idx] = worker.work_child(*job)
             outcomes = [
                 (idx, worker, inline[idx] if idx in inline else future.result()) for idx, worker, _, future in running
             ]
@@ -1097,6 +1100,10 @@ class _Handoff:
         with self._lock:
             taken, self._requests = self._requests, []
         return taken
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> list[_FlushRequest]:
         with self._lock:

@@ -625,3 +625,30 @@ def test_a_failing_grandchild_fails_its_root_as_in_a_sequential_run_and_keeps_th
     assert set(rerun.by_item) == set(bad)
     run_items(seq_log, make_items(3), _nested(Calls()), epoch=2)
     assert results_fp(par_log) == results_fp(seq_log)
+
+
+def test_no_fanout_child_starts_after_a_run_ending_error(tmp_path: Any) -> None:
+    # root 1 ends the run while root 0 waits for its children: the waiting root must not go on
+    # running its queued children itself once run_items has raised
+    started: list[tuple[str, float]] = []
+    first_child = threading.Event()
+
+    def over(item: dict[str, Any], ctx: Any) -> list[dict[str, Any]]:
+        if item["id"] == 1:
+            first_child.wait(timeout=20)
+            raise Crash("the orchestrator's timeout")
+        return [{"part": i} for i in range(12)]
+
+    def piece(child: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        started.append((ctx.item_id, time.monotonic()))
+        first_child.set()
+        time.sleep(0.05)
+        return {"piece": child["part"]}
+
+    pipe = MapReduce("split", over=over, map=piece)
+    with pytest.raises(Crash):
+        run_items(open_log(tmp_path, "ended"), make_items(2), pipe, concurrency=2, reraise=(Crash,))
+    ended = time.monotonic()
+    time.sleep(1.0)  # long enough for all twelve to run one after another, were they started
+    late = [iid for iid, at in started if at > ended]
+    assert started and len(late) <= 2, late  # at most what threads had already taken when it ended
