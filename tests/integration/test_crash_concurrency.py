@@ -84,47 +84,35 @@ def test_a_killed_threaded_run_resumes_to_the_sequential_result(
     assert sorted(rec.calls) == sorted(str(i) for i in range(N) if str(i) not in acked)
 
 
-# checkpoint_every=1: threads hand every finished step over to be committed, so kills land mid-item too
+# checkpoint_every=1: threads hand every finished step over to be committed, so kills land mid-item too.
+# "steps": every driver and a MapReduce fan-out; "nested": a fan-out inside a fan-out (grandchildren).
 FANOUT_KILLS = [
-    (None, Kill("invocation", 20)),
-    (None, Kill("pull", 1)),
-    (4, Kill("commit", 3)),
-    (1, Kill("invocation", 20)),
-    (1, Kill("commit", 12)),
+    ("steps", None, Kill("invocation", 20)),
+    ("steps", None, Kill("pull", 1)),
+    ("steps", 4, Kill("commit", 3)),
+    ("steps", 1, Kill("invocation", 20)),
+    ("steps", 1, Kill("commit", 12)),
+    ("nested", None, Kill("invocation", 150)),
+    ("nested", 1, Kill("commit", 20)),
+    ("nested", 1, Kill("invocation", 200)),
 ]
 
 
-@pytest.mark.parametrize(("every", "kill"), FANOUT_KILLS, ids=[f"every{e}-{k.mode}@{k.after}" for e, k in FANOUT_KILLS])
+@pytest.mark.parametrize(
+    ("kind", "every", "kill"), FANOUT_KILLS, ids=[f"{p}-every{e}-{k.mode}@{k.after}" for p, e, k in FANOUT_KILLS]
+)
 def test_a_killed_threaded_fanout_run_resumes_to_the_sequential_result(
-    tmp_path: Path, every: int | None, kill: Kill
+    tmp_path: Path, kind: str, every: int | None, kill: Kill
 ) -> None:
-    """The same with a pipeline of every driver and a MapReduce fan-out ("steps"): children run in threads."""
-    expected, clean_fp = clean_run(tmp_path, every, "steps")
-    s = Schedule("fan-threads", "steps", N, every, [kill])
+    """The same with fan-out pipelines: children, and their own children, run in threads."""
+    expected, clean_fp = clean_run(tmp_path, every, kind)
+    s = Schedule(f"{kind}-threads", kind, N, every, [kill])
     proc = run_worker(worker_cmd(tmp_path, s.name, s, kill, concurrency=4))
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     log = open_log(tmp_path, s.name)
     acked = check_after_kill(log, expected, str(s))
     assert len(acked) < N
-    resume_and_compare(log, every, 4, acked, expected, clean_fp, tmp_path / "resumed.lance", "steps")
-
-
-NESTED_KILLS = [(None, Kill("invocation", 150)), (1, Kill("commit", 20)), (1, Kill("invocation", 200))]
-
-
-@pytest.mark.parametrize(("every", "kill"), NESTED_KILLS, ids=[f"every{e}-{k.mode}@{k.after}" for e, k in NESTED_KILLS])
-def test_a_killed_threaded_nested_fanout_run_resumes_to_the_sequential_result(
-    tmp_path: Path, every: int | None, kill: Kill
-) -> None:
-    """The same with a fan-out inside a fan-out ("nested"): grandchildren run in threads too."""
-    expected, clean_fp = clean_run(tmp_path, every, "nested")
-    s = Schedule("nested-threads", "nested", N, every, [kill])
-    proc = run_worker(worker_cmd(tmp_path, s.name, s, kill, concurrency=4))
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    log = open_log(tmp_path, s.name)
-    acked = check_after_kill(log, expected, str(s))
-    assert len(acked) < N
-    resume_and_compare(log, every, 4, acked, expected, clean_fp, tmp_path / "resumed.lance", "nested")
+    resume_and_compare(log, every, 4, acked, expected, clean_fp, tmp_path / "resumed.lance", kind)
 
 
 def test_a_parent_sigkills_a_threaded_worker_at_random_moments(tmp_path: Path) -> None:

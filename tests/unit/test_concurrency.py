@@ -517,22 +517,32 @@ def test_roots_and_children_together_stay_within_concurrency(tmp_path: Any, conc
     assert 1 < calls.max_now <= concurrency
 
 
+@pytest.mark.parametrize(
+    ("build", "n", "bad", "root"),
+    [
+        ("children", 6, frozenset({"3/split:1", "3/split:4"}), "3"),
+        ("grandchildren", 3, frozenset({"1/outer:0/inner:2", "1/outer:2/inner:0"}), "1"),
+    ],
+)
 def test_a_failing_child_fails_its_root_as_in_a_sequential_run_and_keeps_its_siblings_work(
-    tmp_path: Any,
+    tmp_path: Any, build: str, n: int, bad: frozenset[str], root: str
 ) -> None:
-    bad = frozenset({"3/split:1", "3/split:4"})
+    def pipe(calls: Calls, bad: frozenset[str] = frozenset()) -> MapReduce:
+        return _chunked(calls, bad=bad) if build == "children" else _nested(calls, bad=bad)
+
+    first, second = sorted(bad)  # in index order: the sequential loop meets ``first`` first
     seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
-    seq = run_items(seq_log, make_items(6), _chunked(Calls(), bad=bad))
-    par = run_items(par_log, make_items(6), _chunked(Calls(), bad=bad), concurrency=4)
-    assert par.failed == seq.failed == ["3"]
-    (p,), (s,) = par_log.failures("3/split:1"), seq_log.failures("3/split:1")
-    assert (p.error_type, p.message) == (s.error_type, s.message) == ("ValueError", "cannot handle 3/split:1")
-    assert not seq_log.failures("3/split:4")  # sequential never reached the second bad child
+    seq = run_items(seq_log, make_items(n), pipe(Calls(), bad))
+    par = run_items(par_log, make_items(n), pipe(Calls(), bad), concurrency=4)
+    assert par.failed == seq.failed == [root]
+    (p,), (s,) = par_log.failures(first), seq_log.failures(first)
+    assert (p.error_type, p.message) == (s.error_type, s.message) == ("ValueError", f"cannot handle {first}")
+    assert not seq_log.failures(second)  # sequential never reached the second bad child
     # the children that finished beside the failure are kept: the rerun redoes only the failed ones
     rerun = Calls()
-    run_items(par_log, make_items(6), _chunked(rerun), concurrency=4, epoch=2)
+    run_items(par_log, make_items(n), pipe(rerun), concurrency=4, epoch=2)
     assert set(rerun.by_item) == set(bad)
-    run_items(seq_log, make_items(6), _chunked(Calls()), epoch=2)
+    run_items(seq_log, make_items(n), pipe(Calls()), epoch=2)
     assert results_fp(par_log) == results_fp(seq_log)
 
 
@@ -610,21 +620,6 @@ def test_nested_fanouts_never_wait_for_a_pool_their_own_parents_fill(tmp_path: A
     assert len(report.processed) == 8 and sum(calls.by_item.values()) == 8 * 9
     assert 1 < calls.max_now <= concurrency
     assert _event_ids(par_log) == _event_ids(seq_log)
-
-
-def test_a_failing_grandchild_fails_its_root_as_in_a_sequential_run_and_keeps_the_rest(tmp_path: Any) -> None:
-    bad = frozenset({"1/outer:0/inner:2", "1/outer:2/inner:0"})
-    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
-    seq = run_items(seq_log, make_items(3), _nested(Calls(), bad=bad))
-    par = run_items(par_log, make_items(3), _nested(Calls(), bad=bad), concurrency=3)
-    assert par.failed == seq.failed == ["1"]
-    (p,), (s,) = par_log.failures("1/outer:0/inner:2"), seq_log.failures("1/outer:0/inner:2")
-    assert (p.error_type, p.message) == (s.error_type, s.message)
-    rerun = Calls()
-    run_items(par_log, make_items(3), _nested(rerun), concurrency=3, epoch=2)
-    assert set(rerun.by_item) == set(bad)
-    run_items(seq_log, make_items(3), _nested(Calls()), epoch=2)
-    assert results_fp(par_log) == results_fp(seq_log)
 
 
 def test_no_fanout_child_starts_after_a_run_ending_error(tmp_path: Any) -> None:
