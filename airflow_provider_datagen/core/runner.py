@@ -935,6 +935,13 @@ class _Runner:
         rerun.
         """
         assert self.child_pool is not None and self.permits is not None and isinstance(self, _ItemWorker)
+        ids = {child.item_id for _, child, _, _ in jobs}
+        below = tuple(f"{cid}/" for cid in ids)
+        if any(p[0] in ids or p[0].startswith(below) for p in self.batch._pending):
+            # A Loop runs this fan-out again: the last generation of these children (and theirs)
+            # ended in this buffer. It must be committed before the new generation hands anything
+            # over, or the two generations' events of one child id would be numbered out of order.
+            self.flush()
         running = []
         for idx, child, body, created in jobs:
             worker = _ItemWorker.for_item(self.main)

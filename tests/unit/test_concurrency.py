@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_datagen.core import CheckpointLog, MapReduce, Sequence, Step, run_items
+from airflow_provider_datagen.core import CheckpointLog, Loop, MapReduce, Sequence, Step, run_items
 from airflow_provider_datagen.core.runner import MIN_PULL, ItemFailedError
 from airflow_provider_datagen.exceptions import InvalidEventError
 from tests.integration.helpers_engine import (
@@ -647,3 +647,43 @@ def test_no_fanout_child_starts_after_a_run_ending_error(tmp_path: Any) -> None:
     time.sleep(1.0)  # long enough for all twelve to run one after another, were they started
     late = [iid for iid, at in started if at > ended]
     assert started and len(late) <= 2, late  # at most what threads had already taken when it ended
+
+
+def _looped(nested: bool) -> Loop:
+    """A Loop running a fan-out three times: every child id gets three generations, each two steps long.
+
+    ``nested``: each child runs a Loop over its own fan-out, so grandchildren get generations too.
+    """
+
+    def first(part: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return {"first": part["part"] * 10 + (ctx.iteration or 0)}
+
+    def second(part: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return {"second": ctx.fields["first"] * 2}
+
+    def split(name: str, body: Step) -> MapReduce:
+        return MapReduce(
+            name,
+            over=lambda item, ctx: [{"part": i} for i in range(3)],
+            map=body,
+            reduce=lambda parts, ctx: {"sum": sum(p.get("second", p.get("sum", 0)) for p in parts)},
+        )
+
+    pair = Sequence("pair", [Step("first", first), Step("second", second)])
+    body = Loop("inner_again", split("bits", pair), times=2) if nested else pair
+    return Loop("again", split("split", body), times=3)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["children", "grandchildren"])
+@pytest.mark.parametrize("every", [1, None], ids=["every-step", "time-bound"])
+def test_a_loop_over_a_fanout_commits_each_generation_of_a_child_in_order(
+    tmp_path: Any, nested: bool, every: int | None
+) -> None:
+    # children hand their steps over mid-item; the last generation's final events wait in the
+    # looping item's buffer, and must land before the next generation's first ones
+    kwargs: dict[str, Any] = {"checkpoint_every": every} if every else {"checkpoint_interval": 0.0}
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    run_items(seq_log, make_items(4), _looped(nested), **kwargs)
+    run_items(par_log, make_items(4), _looped(nested), concurrency=3, **kwargs)
+    assert _event_ids(par_log) == _event_ids(seq_log)  # the same numbering as the sequential run
+    assert results_fp(par_log) == results_fp(seq_log)
