@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--kill-mode", default="none", choices=["none", "invocation", "emit", "pull", "commit", "before-commit"]
     )
-    p.add_argument("--kind", default="flat", choices=["flat", "steps", "nested"], help="which deterministic pipeline")
+    p.add_argument(
+        "--kind", default="flat", choices=["flat", "steps", "nested", "looped"], help="which deterministic pipeline"
+    )
     p.add_argument("--emit-file", default=None, help="append one line per side effect here")
     p.add_argument("--sleep-ms", type=float, default=0.0)
     p.add_argument("--epoch", type=int, default=None, help="writer epoch (default: log.next_epoch())")

@@ -242,6 +242,27 @@ def nested_pipeline(hook: Callable[[str, Any], None]) -> MapReduce:
     )
 
 
+def looped_pipeline(hook: Callable[[str, Any], None]) -> Loop:
+    """A Loop running a fan-out three times: each child id has three generations (other inputs) of two steps."""
+
+    def first(part: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        hook("first", ctx)
+        return {"first": part["v"] * 10 + part["gen"]}
+
+    def second(part: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        hook("second", ctx)
+        return {"second": ctx.fields["first"] * 2}
+
+    fan = MapReduce(
+        "split",
+        # each generation's children get other inputs: a child done in one is pending in the next
+        over=lambda item, ctx: [{"v": int(item["id"]) * 3 + j, "gen": ctx.iteration} for j in range(3)],
+        map=Sequence("pair", [Step("first", first), Step("second", second)]),
+        reduce=lambda parts, ctx: {"sum": sum(p["second"] for p in parts)},
+    )
+    return Loop("again", fan, times=3)
+
+
 def build_pipeline(kind: str, recorder: Recorder | None = None, emit: Any = None) -> Any:
     if kind == "flat":
         return flat_process(recorder, emit)
@@ -256,6 +277,8 @@ def build_pipeline(kind: str, recorder: Recorder | None = None, emit: Any = None
         return steps_pipeline(hook)
     if kind == "nested":
         return nested_pipeline(hook)
+    if kind == "looped":
+        return looped_pipeline(hook)
     raise ValueError(f"unknown pipeline kind {kind!r}")
 
 

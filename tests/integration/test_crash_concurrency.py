@@ -85,7 +85,8 @@ def test_a_killed_threaded_run_resumes_to_the_sequential_result(
 
 
 # checkpoint_every=1: threads hand every finished step over to be committed, so kills land mid-item too.
-# "steps": every driver and a MapReduce fan-out; "nested": a fan-out inside a fan-out (grandchildren).
+# "steps": every driver and a MapReduce fan-out; "nested": a fan-out inside a fan-out (grandchildren);
+# "looped": a Loop running a fan-out again (generations of one child id).
 FANOUT_KILLS = [
     ("steps", None, Kill("invocation", 20)),
     ("steps", None, Kill("pull", 1)),
@@ -95,6 +96,8 @@ FANOUT_KILLS = [
     ("nested", None, Kill("invocation", 150)),
     ("nested", 1, Kill("commit", 20)),
     ("nested", 1, Kill("invocation", 200)),
+    ("looped", 1, Kill("commit", 15)),
+    ("looped", 1, Kill("invocation", 100)),
 ]
 
 

@@ -656,7 +656,7 @@ def _looped(nested: bool) -> Loop:
     """
 
     def first(part: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        return {"first": part["part"] * 10 + (ctx.iteration or 0)}
+        return {"first": part["part"] * 10 + part["gen"]}
 
     def second(part: dict[str, Any], ctx: Any) -> dict[str, Any]:
         return {"second": ctx.fields["first"] * 2}
@@ -664,7 +664,7 @@ def _looped(nested: bool) -> Loop:
     def split(name: str, body: Step) -> MapReduce:
         return MapReduce(
             name,
-            over=lambda item, ctx: [{"part": i} for i in range(3)],
+            over=lambda item, ctx: [{"part": i, "gen": ctx.iteration} for i in range(3)],
             map=body,
             reduce=lambda parts, ctx: {"sum": sum(p.get("second", p.get("sum", 0)) for p in parts)},
         )
