@@ -176,7 +176,7 @@ def test_fail_fast_acknowledges_running_items_and_raises_the_first_failure(tmp_p
 def test_no_more_than_concurrency_items_are_in_flight(tmp_path: Any, concurrency: int) -> None:
     calls = Calls()
     run_items(open_log(tmp_path, "bound"), make_items(N), pipeline(calls), concurrency=concurrency)
-    assert 1 <= calls.max_now <= concurrency
+    assert calls.max_now <= concurrency  # fails if more items than concurrency ever run at once
     assert calls.by_item == Counter({str(i): 1 for i in range(N)})
 
 
@@ -514,7 +514,8 @@ def test_roots_and_children_together_stay_within_concurrency(tmp_path: Any, conc
     pipe = Sequence("work", [Step("prepare", prepare), _chunked(calls), Step("again", prepare)])
     run_items(open_log(tmp_path, "bound"), make_items(12), pipe, concurrency=concurrency)
     assert sum(calls.by_item.values()) == 12 * 2 + 12 * 6
-    assert 1 < calls.max_now <= concurrency
+    assert calls.max_now > 1  # roots' steps and children overlapped
+    assert calls.max_now <= concurrency  # fails without the permits
 
 
 @pytest.mark.parametrize(
@@ -618,7 +619,8 @@ def test_nested_fanouts_never_wait_for_a_pool_their_own_parents_fill(tmp_path: A
     calls = Calls()
     report = run_items(par_log, make_items(8), _nested(calls), concurrency=concurrency)
     assert len(report.processed) == 8 and sum(calls.by_item.values()) == 8 * 9
-    assert 1 < calls.max_now <= concurrency
+    assert calls.max_now > 1  # the pieces overlapped
+    assert calls.max_now <= concurrency
     assert _event_ids(par_log) == _event_ids(seq_log)
 
 
