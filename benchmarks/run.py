@@ -221,11 +221,11 @@ def required_work(items: list[dict[str, Any]], commits: list[pa.Table]) -> Calla
 
     import numpy as np
 
-    from airflow_provider_datagen.core.events import ID_DIGEST_SIZE, event_ids_of, fingerprint_of
+    from airflow_provider_datagen.core.events import ID_DIGEST_SIZE, ID_SEP, event_ids_of, fingerprint_of
     from airflow_provider_datagen.core.ids import root_item_id
 
     rows = pa.concat_tables(commits)
-    sep = "\x1f"
+    sep = ID_SEP
     sequenced = ("ITEM_CREATED", "STEP_COMPLETED")
     coords = ("status", "step_kind", "step", "enclosing_step", "selector_step", "iteration", "fanout_index")
     cols = {c: rows[c].to_pylist() for c in ("item_id", "item_seq", "event_type", "processor_version", *coords)}
@@ -244,14 +244,18 @@ def required_work(items: list[dict[str, Any]], commits: list[pa.Table]) -> Calla
     checked = False
 
     def run() -> None:
+        nonlocal checked
         gc.freeze()  # as run_items does: the collector then walks only what this allocates
         try:
-            work()
+            table = work()
         finally:
             gc.unfreeze()
+        if not checked:
+            if not table["event_id"].equals(expected):
+                raise AssertionError("the required-work floor did not compute the event ids ours wrote")
+            checked = True
 
-    def work() -> None:
-        nonlocal checked
+    def work() -> pa.Table:
         ids = [root_item_id(it["id"]) for it in items]
         fps = [fingerprint_of(it) for it in items]
         new_hash = hashlib.blake2b(digest_size=ID_DIGEST_SIZE).copy
@@ -261,7 +265,7 @@ def required_work(items: list[dict[str, Any]], commits: list[pa.Table]) -> Calla
             h.update(f"{ids[n]}{sep}{seq}{head}{fps[n]}{tail}".encode())
             digests.append(h.digest())
         event_ids, keys = event_ids_of(b"".join(digests))
-        table = pa.table(
+        return pa.table(
             {
                 "event_id": event_ids,
                 "event_key": keys,
@@ -270,10 +274,6 @@ def required_work(items: list[dict[str, Any]], commits: list[pa.Table]) -> Calla
                 "input_fingerprint": pa.array([fps[e[0]] for e in events], pa.string()),
             }
         )
-        if not checked:
-            if not table["event_id"].equals(expected):
-                raise AssertionError("the required-work floor did not compute the event ids ours wrote")
-            checked = True
 
     return run
 
