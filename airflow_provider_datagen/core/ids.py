@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from airflow_provider_datagen.exceptions import InvalidItemError, InvalidNameError
+from airflow_provider_datagen.exceptions import DatagenError, InvalidEventError, InvalidItemError, InvalidNameError
 
 _ESCAPES = {"%": "%25", "/": "%2F", ":": "%3A"}
 _UNESCAPE_RE = re.compile(r"%(25|2F|3A)")
@@ -19,6 +19,9 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 
 #: Keys longer than this are refused: ids are written on every row and shown in the UI.
 MAX_KEY_LENGTH = 4096
+
+#: Field names longer than this are refused (they are written on every field event).
+MAX_FIELD_NAME = 256
 
 
 _ESCAPE_TABLE = str.maketrans(_ESCAPES)
@@ -116,3 +119,18 @@ def check_name(name: object, what: str) -> str:
             "starting with a letter or digit, with no '/', '..', control or unicode characters"
         )
     return name
+
+
+def check_field_name(name: object, error: type[DatagenError] = InvalidEventError, where: str = "") -> str:
+    """The one rule for field names: a non-empty string of at most 256 characters without NUL.
+
+    The log applies it at write time (``InvalidEventError``); a step's context applies it while the
+    step can still fail alone (``ProcessError``, with ``where`` naming the call that broke it).
+    """
+    if isinstance(name, str) and name and "\x00" not in name and len(name) <= MAX_FIELD_NAME:
+        return name
+    prefix = f"{where} the field name" if where else "field name"
+    raise error(
+        f"{prefix} {str(name)[:80]!r} is not usable; field names must be non-empty strings of at most "
+        f"{MAX_FIELD_NAME} characters without NUL"
+    )

@@ -1,0 +1,60 @@
+"""The ``datagen_status`` dict and the "failed" predicate: one home for both.
+
+An item is *failed* when its lifecycle status is still ``running`` and it carries at least one FAILED
+row: it started, an attempt failed, and no later attempt finished it. That is what a rerun retries.
+FAILED rows never change the lifecycle status (see ``docs/design.md``, "Lenses"), so "failed" is a
+view over two columns of the state table, not a status of its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_datagen.core.schema import ItemStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+#: The keys of every ``datagen_status`` dict (``CheckpointLog.summary()``, ``status_of()``, the XCom).
+STATUS_KEYS = (
+    "pipeline",
+    "experiment",
+    "total",
+    "completed",
+    "filtered",
+    "running",
+    "never_started",
+    "failed_items",
+    "failed_item_ids",
+    "pending",
+    "children",
+    "fencing_violations",
+    "log_version",
+)
+
+#: How many failed item ids a status dict samples (the count is always exact).
+FAILED_SAMPLE = 20
+
+#: The status shown for a failed item (a view, never written to the log).
+FAILED = "failed"
+
+
+def is_failed(status: str | None, failures: int | None) -> bool:
+    """Whether one item, given its lifecycle status and FAILED-row count, is failed."""
+    return status == ItemStatus.RUNNING.value and bool(failures)
+
+
+def failed_mask(states: pa.Table) -> pa.ChunkedArray | pa.Array:
+    """The same predicate over a state table (columns ``status`` and ``failures``)."""
+    if states.num_rows == 0:
+        return pa.array([], pa.bool_())
+    return pc.and_(pc.equal(states["status"], ItemStatus.RUNNING.value), pc.greater(states["failures"], 0))
+
+
+def display_status(row: Mapping[str, Any]) -> str:
+    """The status a page shows for a state row: ``failed`` when :func:`is_failed`, else the lifecycle."""
+    status = str(row["status"])
+    return FAILED if is_failed(status, row.get("failures")) else status

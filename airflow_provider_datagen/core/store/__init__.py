@@ -1,0 +1,1 @@
+"""The persistence boundary: the only package of the provider that imports ``lance``."""

@@ -1,0 +1,138 @@
+"""The storage layout: ``<root>/datagen_checkpoints/<pipeline>/<experiment>/log.lance``.
+
+One home for the layout: the log opens its dataset here, the export refuses to overwrite a log by
+it, and the UI lists experiments with it. Listing needs no Lance import (directory names only).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_datagen.core.ids import check_name
+from airflow_provider_datagen.exceptions import DatagenError
+
+CHECKPOINTS_DIR = "datagen_checkpoints"
+LOG_DIR = "log.lance"
+
+
+def is_local(uri: str) -> bool:
+    """Whether ``uri`` is a local path (plain or ``file://``) rather than an object-store URI."""
+    return "://" not in uri or uri.startswith("file://")
+
+
+def local_path(uri: str) -> str:
+    """The filesystem path of a local ``uri``."""
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+def log_uri(root: str, pipeline: str, experiment: str) -> str:
+    """The URI of one experiment's event log (names must already be checked)."""
+    return f"{root.rstrip('/')}/{CHECKPOINTS_DIR}/{pipeline}/{experiment}/{LOG_DIR}"
+
+
+def is_log_uri(uri: str) -> bool:
+    """Whether ``uri`` points at a checkpoint log (an export must never overwrite one)."""
+    return uri.rstrip("/").endswith(f"/{LOG_DIR}") and f"/{CHECKPOINTS_DIR}/" in uri
+
+
+@dataclass(frozen=True, order=True)
+class ExperimentRef:
+    """One experiment found under a root."""
+
+    pipeline: str
+    experiment: str
+
+
+def _valid(name: str) -> bool:
+    try:
+        check_name(name, "name")
+    except DatagenError:
+        return False
+    return True
+
+
+def _list_local(root: str) -> list[ExperimentRef]:
+    base = os.path.join(local_path(root), CHECKPOINTS_DIR)
+    refs: list[ExperimentRef] = []
+    try:
+        pipelines = sorted(os.listdir(base))
+    except FileNotFoundError:
+        return []
+    for pipeline in pipelines:
+        pdir = os.path.join(base, pipeline)
+        if not _valid(pipeline) or not os.path.isdir(pdir):
+            continue
+        for experiment in sorted(os.listdir(pdir)):
+            if _valid(experiment) and os.path.isdir(os.path.join(pdir, experiment, LOG_DIR)):
+                refs.append(ExperimentRef(pipeline, experiment))
+    return refs
+
+
+# Lance storage option names (object_store's) -> pyarrow.fs.S3FileSystem arguments, for listing only.
+_S3_OPTIONS = {
+    "aws_access_key_id": "access_key",
+    "access_key_id": "access_key",
+    "aws_secret_access_key": "secret_key",
+    "secret_access_key": "secret_key",
+    "aws_session_token": "session_token",
+    "session_token": "session_token",
+    "aws_region": "region",
+    "region": "region",
+    "aws_endpoint": "endpoint_override",
+    "aws_endpoint_url": "endpoint_override",
+    "endpoint": "endpoint_override",
+}
+
+
+def _object_store_fs(root: str, storage_options: dict[str, str]) -> tuple[Any, str]:
+    # Deferred: pyarrow.fs loads the S3 client, which a local-only deployment never needs.
+    import pyarrow.fs as pafs
+
+    scheme, _, rest = root.partition("://")
+    if scheme in ("s3", "s3a") and storage_options:
+        kwargs: dict[str, Any] = {}
+        for key, value in storage_options.items():
+            arg = _S3_OPTIONS.get(key.lower())
+            if arg is not None:
+                kwargs[arg] = value
+        endpoint = kwargs.get("endpoint_override")
+        if isinstance(endpoint, str) and "://" in endpoint:
+            # pyarrow wants host:port plus a scheme argument; object_store takes a full URL.
+            kwargs["scheme"], _, kwargs["endpoint_override"] = endpoint.partition("://")
+        if str(storage_options.get("allow_http", "")).lower() == "true":
+            kwargs.setdefault("scheme", "http")
+        return pafs.S3FileSystem(**kwargs), rest
+    return pafs.FileSystem.from_uri(root)
+
+
+def _list_object_store(root: str, storage_options: dict[str, str]) -> list[ExperimentRef]:
+    # Deferred for the same reason as in _object_store_fs.
+    import pyarrow.fs as pafs
+
+    fs, path = _object_store_fs(root, storage_options)
+    base = f"{path.rstrip('/')}/{CHECKPOINTS_DIR}"
+
+    def dirs(prefix: str) -> list[str]:
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(prefix, allow_not_found=True))
+        except (OSError, FileNotFoundError):
+            return []
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+    refs = []
+    for pipeline in dirs(base):
+        if not _valid(pipeline):
+            continue
+        for experiment in dirs(f"{base}/{pipeline}"):
+            if _valid(experiment) and LOG_DIR in dirs(f"{base}/{pipeline}/{experiment}"):
+                refs.append(ExperimentRef(pipeline, experiment))
+    return refs
+
+
+def list_experiments(root: str, storage_options: dict[str, str] | None = None) -> list[ExperimentRef]:
+    """Every ``<root>/datagen_checkpoints/<pipeline>/<experiment>/log.lance``, sorted by name."""
+    if is_local(root):
+        return _list_local(root)
+    return _list_object_store(root, storage_options or {})
