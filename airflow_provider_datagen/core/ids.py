@@ -1,8 +1,8 @@
 """Item ids as materialized paths: a root id is the escaped source key, a child appends ``/step:idx``.
 
-Ids compose on the client with no store round-trip (seed 000). Source keys are arbitrary strings (file
-paths contain ``/``), so the three reserved characters are percent-escaped reversibly: a key ``a/b.txt``
-stays one root item.
+Ids compose on the client with no store round-trip (see docs/design.md, Item ids). Source keys are
+arbitrary strings (file paths contain ``/``), so the three reserved characters are percent-escaped
+reversibly: a key ``a/b.txt`` stays one root item.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Schema version 2 of the checkpoint log: event types, item statuses, step kinds and the Arrow schema.
 
-The log is the only durable source of truth (seed 000), so its schema is the contract between every
-writer and reader that will ever touch an experiment. Readers refuse rows of a schema version they do
-not know instead of guessing.
+The log is the only durable source of truth (see docs/design.md, The event log), so its schema is the
+contract between every writer and reader that will ever touch an experiment. Readers refuse rows of a
+schema version they do not know instead of guessing.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ DEFAULT_BLOB_THRESHOLD = 16 * 1024
 
 
 class EventType(str, enum.Enum):
-    """The seven immutable event types of seed 000."""
+    """The seven immutable event types (see docs/design.md, The event log)."""
 
     ITEM_CREATED = "ITEM_CREATED"
     STEP_STARTED = "STEP_STARTED"
@@ -50,7 +50,7 @@ STORED_STATUS_FAILED = "failed"
 
 
 class StepKind(str, enum.Enum):
-    """Step kinds of seed 000: drivers, fan-outs and selectors emit different rows."""
+    """Step kinds: drivers, fan-outs and selectors emit different rows (see docs/design.md, The event log)."""
 
     SEQUENCE = "Sequence"
     LOOP = "Loop"

@@ -1,11 +1,11 @@
-"""The step model of seed 000: drivers, fan-outs and selectors, as plain declarative objects.
+"""The step model: drivers, fan-outs and selectors, as plain declarative objects.
 
 Steps only describe a pipeline; :mod:`runner` interprets them. The kind decides which rows a step
 emits: drivers (``Step``, ``Sequence``, ``Loop``) record their frames, fan-outs (``MapReduce``,
 ``Branch``, ``SubPipeline``) create child items ``parent/step:idx`` and record only their reduce on the
 parent, selectors (``Conditional``, ``Router``) record nothing themselves: the chosen child carries the
-selector in ``selector_step``. Every choice is recomputed from the item and its folded fields on
-resume, so nothing opaque is ever stored.
+selector in ``selector_step`` (see docs/design.md, The event log). Every choice is recomputed from the
+item and its folded fields on resume (see docs/design.md, Resume), so nothing opaque is ever stored.
 """
 
 from __future__ import annotations
