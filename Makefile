@@ -67,6 +67,7 @@ wheel-check: $(STAMP)
 	AIRFLOW_HOME=$(CURDIR)/$(WHEEL_CHECK)/home $(WHEEL_CHECK)/venv/bin/airflow providers list \
 	  | tee $(WHEEL_CHECK)/providers.txt
 	grep -q '^airflow-provider-datagen ' $(WHEEL_CHECK)/providers.txt
+	rm -rf $(WHEEL_CHECK)/venv
 
 clean:
 	rm -rf $(VENV) .demo .airflow .pytest_cache .mypy_cache .ruff_cache $(WHEEL_CHECK)
