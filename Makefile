@@ -5,8 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+SOURCES := airflow_provider_datagen dev tests benchmarks
+WHEEL_CHECK := .wheel-check
 
-.PHONY: demo test lint bench airflow chromium postgres clean format unit
+.PHONY: demo test lint bench airflow chromium postgres clean format unit wheel-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,30 +30,44 @@ postgres:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 lint: $(STAMP)
-	$(BIN)/ruff check airflow_provider_datagen tests benchmarks
-	$(BIN)/ruff format --check airflow_provider_datagen tests benchmarks
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix airflow_provider_datagen tests benchmarks
-	$(BIN)/ruff format airflow_provider_datagen tests benchmarks
+	$(BIN)/ruff check --fix $(SOURCES)
+	$(BIN)/ruff format $(SOURCES)
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, so "no tests" never passes.
 test: $(STAMP) chromium $(if $(filter 1,$(DATAGEN_E2E_POSTGRES)),postgres) lint
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
+# Everything but the end-to-end and slow tests (no Airflow components, no long crash schedules).
 unit: $(STAMP)
-	$(BIN)/python -m pytest -ra tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra -m "not e2e and not slow" $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(BIN)/python -m airflow_provider_datagen.demo
+	$(BIN)/python -m dev.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
 # Airflow components on 127.0.0.1:8080 with the example DAGs, for clicking through by hand.
 airflow: $(STAMP)
-	$(BIN)/python -m airflow_provider_datagen.devserver
+	$(BIN)/python -m dev.devserver
+
+# The wheel as a user gets it: built, installed into a fresh venv (packages from PyPI), and listed by
+# `airflow providers list` there. tests/test_packaging.py checks the wheel's file list without installing.
+wheel-check: $(STAMP)
+	rm -rf $(WHEEL_CHECK)
+	$(BIN)/uv build -q --wheel -o $(WHEEL_CHECK)/dist
+	$(BIN)/python -m zipfile -l $(WHEEL_CHECK)/dist/*.whl
+	$(BIN)/uv venv -q --python $(BIN)/python $(WHEEL_CHECK)/venv
+	$(BIN)/uv pip install -q --python $(WHEEL_CHECK)/venv/bin/python $(WHEEL_CHECK)/dist/*.whl
+	AIRFLOW_HOME=$(CURDIR)/$(WHEEL_CHECK)/home $(WHEEL_CHECK)/venv/bin/airflow providers list \
+	  | tee $(WHEEL_CHECK)/providers.txt
+	grep -q '^airflow-provider-datagen ' $(WHEEL_CHECK)/providers.txt
+	rm -rf $(WHEEL_CHECK)/venv
 
 clean:
-	rm -rf $(VENV) .demo .airflow .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .demo .airflow .pytest_cache .mypy_cache .ruff_cache $(WHEEL_CHECK)

@@ -19,18 +19,20 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.fakes import LATENCY_ENV, bench_fails_first
+
 CHUNKED = """
 from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG
 from airflow_provider_datagen.operators.datagen import DatagenMapOperator, DatagenPlanOperator
-from airflow_provider_datagen.examples import prompts
+from airflow_provider_datagen.example_dags.fakes import prompts
 
 with DAG("{dag_id}", schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
     plan = DatagenPlanOperator(task_id="plan", pipeline="bench", experiment="{experiment}", source=prompts({n}),
                                chunk_size={chunk})
     DatagenMapOperator.partial(task_id="generate", pipeline="bench", experiment="{experiment}",
-                               process="airflow_provider_datagen.examples:bench_model",
+                               process="benchmarks.fakes:bench_model",
                                concurrency={concurrency}).expand_kwargs(plan.output)
 """
 
@@ -41,7 +43,8 @@ NATIVE = """
 from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG, task
-from airflow_provider_datagen.examples import bench_work, prompts
+from airflow_provider_datagen.example_dags.fakes import prompts
+from benchmarks.fakes import bench_work
 
 with DAG("bench_native", schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
     @task
@@ -84,7 +87,7 @@ def run(dag_file: Path, dag_id: str) -> float:
 def main() -> None:
     n = int(sys.argv[1])
     dags = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    os.environ.setdefault("DATAGEN_FAKE_LATENCY", "0.05")  # a fast model call
+    os.environ.setdefault(LATENCY_ENV, "0.05")  # a fast model call
     chunk = max(1, n // 10)
     (dags / "bench_chunked.py").write_text(
         CHUNKED.format(n=n, chunk=chunk, dag_id="bench_chunked", experiment="airflow", concurrency=1)
@@ -101,8 +104,6 @@ def main() -> None:
     rerun = run(dags / "bench_chunked.py", "bench_chunked")
     concurrent = run(dags / "bench_concurrent.py", "bench_concurrent")
     native = run(dags / "bench_native.py", "bench_native")
-    from airflow_provider_datagen.examples import bench_fails_first
-
     failed = sum(bench_fails_first(f"p{i:04d}") for i in range(n))
     print(
         json.dumps(

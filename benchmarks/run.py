@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from benchmarks.fakes import LATENCY_ENV
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -579,7 +581,7 @@ def bench_reads(tmp: Path, quick: bool) -> dict[str, Any]:
 
 # --- 4. Airflow level -------------------------------------------------------------------------------
 
-_AIRFLOW_CHILD = Path(__file__).with_name("airflow_level.py")
+_CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def bench_airflow(tmp: Path, quick: bool) -> list[dict[str, Any]]:
@@ -595,14 +597,21 @@ def bench_airflow(tmp: Path, quick: bool) -> list[dict[str, Any]]:
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
                 "AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME": "5",
-                "DATAGEN_FAKE_LATENCY": latency,
+                LATENCY_ENV: latency,
+                # The child and its DAG files import benchmarks.fakes from the checkout.
+                "PYTHONPATH": os.pathsep.join(p for p in (str(_CHECKOUT), os.environ.get("PYTHONPATH")) if p),
             }
         )
         (home / "dags").mkdir(parents=True)
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True)
         n = 200 if quick else 1000
         out = subprocess.run(
-            [sys.executable, str(_AIRFLOW_CHILD), str(n)], env=env, capture_output=True, text=True, check=False
+            [sys.executable, "-m", "benchmarks.airflow_level", str(n)],
+            env=env,
+            cwd=_CHECKOUT,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if out.returncode != 0:
             raise RuntimeError(f"airflow benchmark failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")

@@ -13,7 +13,7 @@ import os
 import pendulum
 from airflow.sdk import DAG
 
-from airflow_provider_datagen.examples import questions
+from airflow_provider_datagen.example_dags.fakes import questions
 from airflow_provider_datagen.operators.datagen import (
     DatagenExportOperator,
     DatagenMaintenanceOperator,
@@ -47,7 +47,7 @@ with DAG(
         task_id="solve",
         pipeline="qa",
         experiment=EXPERIMENT,
-        process="airflow_provider_datagen.examples:qa_pipeline",
+        process="airflow_provider_datagen.example_dags.fakes:qa_pipeline",
         processor_version="v1",
         checkpoint_every=1,
     ).expand_kwargs(plan.output)

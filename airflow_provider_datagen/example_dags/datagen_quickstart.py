@@ -6,7 +6,10 @@ completed items are never invoked twice. The export's fingerprint equals an unin
 
 Environment knobs (used by the demo and tests): ``DATAGEN_QUICKSTART_EXPERIMENT`` (default
 ``demo``), ``DATAGEN_QUICKSTART_ITEMS`` (default 200), ``DATAGEN_QUICKSTART_CHUNK`` (default 50),
-``DATAGEN_EXPORT_DIR`` (default ``$AIRFLOW_HOME/datagen_exports``).
+``DATAGEN_EXPORT_DIR`` (default ``$AIRFLOW_HOME/datagen_exports``), ``DATAGEN_QUICKSTART_PROCESS``
+(default the fake model ``airflow_provider_datagen.example_dags.fakes:fake_model``; a
+``package.module:function`` of your own runs instead, e.g. your model client or a wrapper that counts
+invocations).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import pendulum
 from airflow.sdk import DAG
 
-from airflow_provider_datagen.examples import prompts
+from airflow_provider_datagen.example_dags.fakes import prompts
 from airflow_provider_datagen.operators.datagen import (
     DatagenExportOperator,
     DatagenMapOperator,
@@ -26,6 +29,7 @@ from airflow_provider_datagen.operators.datagen import (
 EXPERIMENT = os.environ.get("DATAGEN_QUICKSTART_EXPERIMENT", "demo")
 N_ITEMS = int(os.environ.get("DATAGEN_QUICKSTART_ITEMS", "200"))
 CHUNK = int(os.environ.get("DATAGEN_QUICKSTART_CHUNK", "50"))
+PROCESS = os.environ.get("DATAGEN_QUICKSTART_PROCESS", "airflow_provider_datagen.example_dags.fakes:fake_model")
 EXPORT_DIR = os.environ.get(
     "DATAGEN_EXPORT_DIR",
     os.path.join(os.environ.get("AIRFLOW_HOME", os.path.expanduser("~/airflow")), "datagen_exports"),
@@ -53,7 +57,7 @@ with DAG(
         task_id="generate",
         pipeline="quickstart",
         experiment=EXPERIMENT,
-        process="airflow_provider_datagen.examples:fake_model",
+        process=PROCESS,
         processor_version="v1",
         checkpoint_every=10,
     ).expand_kwargs(plan.output)

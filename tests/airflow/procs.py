@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from airflow_provider_datagen.example_dags import fakes
+
 
 def _record(ctx: Any) -> None:
     path = os.environ.get("DATAGEN_TEST_CALLS")
@@ -24,6 +26,12 @@ def fail_3_and_7_once(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
 def always_ok(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
     _record(ctx)
     return {"upper": str(item["text"]).upper(), "n": len(str(item["text"]))}
+
+
+def counted_fake_model(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """The quickstart's fake model, recorded: the quickstart test points the example DAG at it."""
+    _record(ctx)
+    return fakes.fake_model(item, ctx)
 
 
 not_callable = 42

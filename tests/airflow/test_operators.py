@@ -188,7 +188,7 @@ def test_map_operator_with_concurrency_runs_a_fanout_pipeline_as_sequentially(
     run_dag_file: Callable[..., Any], tmp_path: Path
 ) -> None:
     """The example's Loop + MapReduce + Conditional pipeline, 4 roots at a time per chunk."""
-    from airflow_provider_datagen.examples import questions
+    from airflow_provider_datagen.example_dags.fakes import questions
 
     runs = {}
     for name, extra in (("ops_fan_conc", ", concurrency=4"), ("ops_fan_seq", "")):
@@ -197,7 +197,7 @@ def test_map_operator_with_concurrency_runs_a_fanout_pipeline_as_sequentially(
             tmp_path,
             source=questions(12),
             experiment=name,
-            process="airflow_provider_datagen.examples:qa_pipeline",
+            process="airflow_provider_datagen.example_dags.fakes:qa_pipeline",
             chunk=6,
             map_extra=extra,
         )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import airflow_provider_datagen.example_dags as example_dags
-from airflow_provider_datagen.examples import flaky_on_first_attempt, prompts
+from airflow_provider_datagen.example_dags.fakes import flaky_on_first_attempt, prompts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -21,13 +21,14 @@ QUICKSTART = Path(example_dags.__file__).parent / "datagen_quickstart.py"
 def _invocations(path: Path) -> collections.Counter[str]:
     if not path.exists():
         return collections.Counter()
-    return collections.Counter(line.split("\t")[1] for line in path.read_text().splitlines() if line)
+    return collections.Counter(line.split("\t")[0] for line in path.read_text().splitlines() if line)
 
 
 @pytest.fixture
 def quickstart_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     calls = tmp_path / "calls.tsv"
-    monkeypatch.setenv("DATAGEN_INVOCATION_LOG", str(calls))
+    monkeypatch.setenv("DATAGEN_TEST_CALLS", str(calls))
+    monkeypatch.setenv("DATAGEN_QUICKSTART_PROCESS", "tests.airflow.procs:counted_fake_model")
     monkeypatch.setenv("DATAGEN_QUICKSTART_EXPERIMENT", f"t{os.getpid()}{tmp_path.name[-6:]}".replace("_", ""))
     monkeypatch.setenv("DATAGEN_QUICKSTART_ITEMS", "60")
     monkeypatch.setenv("DATAGEN_QUICKSTART_CHUNK", "20")

@@ -13,13 +13,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from airflow_provider_datagen.devserver import (
-    AirflowStack,
-    PostgresCluster,
-    StackSettings,
-    find_free_port,
-    is_listening,
-)
+from dev.postgres import PostgresCluster
+from dev.processes import find_free_port, is_listening
+from dev.stack import AirflowStack, StackSettings
 from tests.e2e.harness import AirflowClient, make_client
 
 if TYPE_CHECKING:

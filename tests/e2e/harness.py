@@ -1,7 +1,7 @@
 """A client for a real Airflow stack on 127.0.0.1, driven only through the public REST API.
 
-The processes are started and stopped by :mod:`airflow_provider_datagen.devserver` (shared with
-``make airflow``); this module adds what a test needs on top: a JWT, REST helpers, and waits.
+The processes are started and stopped by :mod:`dev.stack` (shared with ``make airflow`` and
+``make demo``); this module adds what a test needs on top: a JWT, REST helpers, and waits.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from airflow_provider_datagen.devserver import AirflowStack, StackError
+from dev.processes import StackError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
+
+    from dev.stack import AirflowStack
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 

@@ -32,7 +32,7 @@ import pytest
 
 from airflow_provider_datagen.core import CheckpointLog, EventType, export_results, run_items
 from airflow_provider_datagen.core.export import collect_results
-from airflow_provider_datagen.examples import prompts, reliable_fake_model
+from airflow_provider_datagen.example_dags.fakes import prompts, reliable_fake_model
 from airflow_provider_datagen.exceptions import FencingError
 
 if TYPE_CHECKING:

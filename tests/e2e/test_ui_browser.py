@@ -27,7 +27,7 @@ from urllib.parse import quote
 import psutil
 import pytest
 
-from airflow_provider_datagen.examples import flaky_on_first_attempt, prompts
+from airflow_provider_datagen.example_dags.fakes import flaky_on_first_attempt, prompts
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -8,7 +8,7 @@ experiment, item count, chunk size, latency and side files without touching the 
 *before* doing the work (so an invocation cut short by SIGKILL is counted too), waits at a barrier
 until ``barrier_runs`` DAG runs have reached their first invocation (when set), sleeps the latency,
 fails the first attempt of the items listed in ``fail_once``, and otherwise answers like
-:func:`airflow_provider_datagen.examples.reliable_fake_model` (the quickstart's answers without the
+:func:`airflow_provider_datagen.example_dags.fakes.reliable_fake_model` (the quickstart's answers without the
 flaky first attempts), so an in-process run of that function is the uninterrupted baseline. The task
 imports it by name (``"<name>:model"``): Airflow puts the DAGs folder on the task's ``sys.path``.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG
 
-from airflow_provider_datagen.examples import prompts, reliable_fake_model
+from airflow_provider_datagen.example_dags.fakes import prompts, reliable_fake_model
 from airflow_provider_datagen.operators.datagen import (
     DatagenExportOperator,
     DatagenMapOperator,

@@ -2,7 +2,13 @@
 
 Everything lives under ``.demo/`` (wiped at start): a SQLite metadata DB, the DAGs folder, the event
 log and the exports. Airflow's api-server, scheduler, dag-processor and triggerer run on 127.0.0.1 (a
-free port) with LocalExecutor and are stopped by PID at the end.
+free port) with LocalExecutor and are stopped by PID at the end. The DAG's process is the installed
+fake model wrapped by :mod:`dev.counted_model`, which records every invocation so that the demo can
+show that the rerun invoked only the failed items.
+
+Usage (from the repository root)::
+
+    python -m dev.demo
 """
 
 from __future__ import annotations
@@ -19,7 +25,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import airflow_provider_datagen.example_dags as example_dags
+from airflow_provider_datagen.core import CheckpointLog, export_results, run_items
+from airflow_provider_datagen.example_dags.fakes import prompts, reliable_fake_model
+from dev.counted_model import CALLS_ENV
+from dev.processes import find_free_port
+from dev.stack import AirflowStack, StackSettings
+
 DAG_ID = "datagen_quickstart"
+_CHECKOUT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "demo"
 N_ITEMS = 200
 
@@ -76,7 +90,7 @@ def _wait(what: str, check: Any, timeout: float, stack: Any) -> Any:
 def _calls(path: Path) -> list[str]:
     if not path.exists():
         return []
-    return [line.split("\t")[1] for line in path.read_text().splitlines() if line]
+    return [line.split("\t")[0] for line in path.read_text().splitlines() if line]
 
 
 def _status_table(log: Any) -> str:
@@ -94,14 +108,12 @@ def _status_table(log: Any) -> str:
 
 
 def main() -> int:
-    from airflow_provider_datagen.devserver import AirflowStack, StackSettings, find_free_port
-
     repo = Path.cwd()
     demo = repo / ".demo"
     shutil.rmtree(demo, ignore_errors=True)
     dags = demo / "dags"
     dags.mkdir(parents=True)
-    example = Path(__file__).parent / "example_dags" / "datagen_quickstart.py"
+    example = Path(example_dags.__file__).parent / "datagen_quickstart.py"
     shutil.copy(example, dags / example.name)
     calls = demo / "invocations.tsv"
     exports = demo / "exports"
@@ -111,7 +123,10 @@ def main() -> int:
         port=find_free_port(),
         dag_refresh_interval=2,
         extra_env={
-            "DATAGEN_INVOCATION_LOG": str(calls),
+            "DATAGEN_QUICKSTART_PROCESS": "dev.counted_model:fake_model",
+            CALLS_ENV: str(calls),
+            # The workers run in the Airflow home, not here; they import dev.counted_model from the checkout.
+            "PYTHONPATH": os.pathsep.join(p for p in (str(_CHECKOUT), os.environ.get("PYTHONPATH")) if p),
             "DATAGEN_QUICKSTART_EXPERIMENT": EXPERIMENT,
             "DATAGEN_QUICKSTART_ITEMS": str(N_ITEMS),
             "DATAGEN_QUICKSTART_CHUNK": "50",
@@ -153,8 +168,6 @@ def main() -> int:
         failed = sorted(ti["map_index"] for ti in tis if ti["task_id"] == "generate" and ti["state"] == "failed")
         _say(f"   failed map indexes of 'generate': {failed}")
 
-        from airflow_provider_datagen.core import CheckpointLog
-
         log = CheckpointLog.open(settings.home / "datagen", pipeline="quickstart", experiment=EXPERIMENT)
         _say("-- folded status from the event log after run 1:")
         _say(_status_table(log))
@@ -182,11 +195,7 @@ def main() -> int:
         value = export["value"]
         resumed = value if isinstance(value, dict) else json.loads(value)
 
-        from airflow_provider_datagen.core import export_results, run_items
-        from airflow_provider_datagen.examples import prompts, reliable_fake_model
-
         baseline_log = CheckpointLog.open(demo / "baseline", pipeline="quickstart", experiment="uninterrupted")
-        os.environ.pop("DATAGEN_INVOCATION_LOG", None)
         run_items(baseline_log, prompts(N_ITEMS), reliable_fake_model)
         baseline = export_results(baseline_log, str(exports / "baseline.lance"))
         _say("-- export fingerprints:")

@@ -1,16 +1,15 @@
-"""Deterministic stand-ins for expensive per-item work, used by the example DAGs, the demo and tests.
+"""Deterministic stand-ins for expensive per-item work, imported by the example DAGs.
 
 They hash their input instead of calling a model, so runs are reproducible offline; a few items fail
 on their first attempt, like a flaky API, to show that clearing a failed task retries only them.
-Set ``DATAGEN_INVOCATION_LOG`` to a file path to have every call appended to it (tests count
-invocations there), and ``DATAGEN_FAKE_LATENCY`` to seconds to make each call slow.
+The example DAGs name them as their ``process`` (``"airflow_provider_datagen.example_dags.fakes:fake_model"``);
+to count invocations, wrap one in a process of your own and point the DAG at it (the quickstart's
+``DATAGEN_QUICKSTART_PROCESS``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import time
 from typing import Any
 
 from airflow_provider_datagen.core import Conditional, ItemContext, Loop, MapReduce, Sequence, Step
@@ -24,16 +23,6 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _record(name: str, ctx: ItemContext) -> None:
-    path = os.environ.get("DATAGEN_INVOCATION_LOG")
-    if path:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(f"{name}\t{ctx.item_id}\t{ctx.attempt}\t{os.getpid()}\n")
-    latency = float(os.environ.get("DATAGEN_FAKE_LATENCY", "0") or 0)
-    if latency > 0:
-        time.sleep(latency)
-
-
 def flaky_on_first_attempt(item_id: str) -> bool:
     """About one item in eight fails its first attempt (deterministic in the id)."""
     return int(_digest(item_id)[:4], 16) % 8 == 0
@@ -41,7 +30,6 @@ def flaky_on_first_attempt(item_id: str) -> bool:
 
 def fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
     """Answer a prompt with a hash; some items fail on their first attempt."""
-    _record("fake_model", ctx)
     if ctx.attempt == 1 and flaky_on_first_attempt(ctx.item_id):
         raise TransientModelError(f"model endpoint timed out for {ctx.item_id} (a fake, transient error)")
     h = _digest(str(item.get("prompt", "")))
@@ -54,29 +42,7 @@ def reliable_fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any
     return {"answer": f"answer-{h[:12]}", "tokens": int(h[12:16], 16) % 500 + 1}
 
 
-def bench_fails_first(item_id: str) -> bool:
-    """One item in a hundred fails its first attempt (the benchmark's 99 %-done rerun)."""
-    return int(_digest(item_id)[:4], 16) % 100 == 0
-
-
-def bench_work(item: dict[str, Any]) -> dict[str, Any]:
-    """The benchmark's per-item fake work: a short sleep and a hash."""
-    latency = float(os.environ.get("DATAGEN_FAKE_LATENCY", "0") or 0)
-    if latency > 0:
-        time.sleep(latency)
-    h = _digest(str(item.get("prompt", "")))
-    return {"answer": f"answer-{h[:12]}"}
-
-
-def bench_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
-    """:func:`bench_work` as a datagen process; 1 % of items fail their first attempt."""
-    if ctx.attempt == 1 and bench_fails_first(ctx.item_id):
-        raise TransientModelError(f"fake transient error for {ctx.item_id}")
-    return bench_work(item)
-
-
 def _draft(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
-    _record("draft", ctx)
     prev = ctx.fields.get("draft", item["question"])
     return {"draft": _digest(f"{prev}|{ctx.iteration}")[:16]}
 
@@ -86,7 +52,6 @@ def _candidates(item: dict[str, Any], ctx: ItemContext) -> list[dict[str, Any]]:
 
 
 def _solve(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
-    _record("solve", ctx)
     return {"solution": int(_digest(f"{item['draft']}|{item['seed']}")[:6], 16) % 100}
 
 
@@ -100,7 +65,6 @@ def _is_hard(item: dict[str, Any], ctx: ItemContext) -> bool:
 
 
 def _escalate(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
-    _record("escalate", ctx)
     return {"route": "expert", "final": f"expert:{ctx.fields['draft']}"}
 
 
