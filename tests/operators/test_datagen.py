@@ -58,7 +58,7 @@ def _dag(
     source: Any,
     experiment: str = "e1",
     map_experiment: str | None = None,
-    process: str = "tests.airflow.procs:fail_3_and_7_once",
+    process: str = "tests._support.procs:fail_3_and_7_once",
     chunk: int = 5,
     map_extra: str = "",
 ) -> str:
@@ -176,7 +176,7 @@ def test_interrupted_history_exports_the_uninterrupted_fingerprint(
     flaky.clear_and_rerun([("generate", 0), ("generate", 1)], include_downstream=True)
     assert flaky.state == "success"
     clean = run_dag_file(
-        _dag("ops_clean", tmp_path, source=_items(), experiment="clean", process="tests.airflow.procs:always_ok"),
+        _dag("ops_clean", tmp_path, source=_items(), experiment="clean", process="tests._support.procs:always_ok"),
         "ops_clean",
     )
     assert clean.state == "success"
@@ -218,7 +218,7 @@ def test_map_operator_with_concurrency_processes_every_item_once(
         tmp_path,
         source=_items(12),
         experiment="conc",
-        process="tests.airflow.procs:always_ok",
+        process="tests._support.procs:always_ok",
         chunk=6,
         map_extra=", concurrency=4",
     )
@@ -243,7 +243,7 @@ def test_map_operator_with_concurrency_processes_every_item_once(
     assert run.xcom("export")["rows"] == 12
     clean = run_dag_file(
         _dag(
-            "ops_conc_seq", tmp_path, source=_items(12), experiment="concseq", process="tests.airflow.procs:always_ok"
+            "ops_conc_seq", tmp_path, source=_items(12), experiment="concseq", process="tests._support.procs:always_ok"
         ),
         "ops_conc_seq",
     )
@@ -328,14 +328,14 @@ def test_unknown_process_path_fails_the_task_naming_it(
     from airflow_provider_datagen.operators.datagen import resolve_process
 
     for bad, needle in (
-        ("tests.airflow.nope:fn", "cannot import module"),
-        ("tests.airflow.procs:missing", "has no attribute"),
-        ("tests.airflow.procs:not_callable", "not a callable"),
+        ("tests._support.nope:fn", "cannot import module"),
+        ("tests._support.procs:missing", "has no attribute"),
+        ("tests._support.procs:not_callable", "not a callable"),
     ):
         with pytest.raises(ConfigurationError, match=needle):
             resolve_process(bad)
     run = run_dag_file(
-        _dag("ops_badproc", tmp_path, source=_items(3), experiment="badproc", process="tests.airflow.nope:fn"),
+        _dag("ops_badproc", tmp_path, source=_items(3), experiment="badproc", process="tests._support.nope:fn"),
         "ops_badproc",
     )
     assert run.state == "failed"
