@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ import pytest
 
 import airflow_provider_datagen.example_dags as example_dags
 from airflow_provider_datagen.examples import flaky_on_first_attempt, prompts
+from airflow_provider_datagen.operators.datagen import ItemsFailedError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -45,6 +47,13 @@ def test_quickstart_clear_and_rerun_touches_only_failed_items(
     assert run.state == "failed"  # type: ignore[attr-defined]
     failed_idx = [mi for (tid, mi), st in states.items() if tid == "generate" and st == "failed"]
     assert failed_idx
+    # each failed chunk names its failed items and the first one's own error; together they are the flaky ones
+    named: set[str] = set()
+    for mi in failed_idx:
+        cause = r"items failed in this chunk: .*\(first error: .*model endpoint timed out"
+        error = run.assert_failed("generate", ItemsFailedError, cause, map_index=mi)  # type: ignore[attr-defined]
+        named |= set(re.findall(r"'([^']+)'", str(error).split(" (first error:")[0]))
+    assert named == flaky
     first = _invocations(quickstart_env)
     assert set(first) == {p["id"] for p in prompts(60)}
     assert all(n == 1 for n in first.values())
