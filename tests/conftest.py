@@ -21,7 +21,7 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from tests.dagtest import DagTestRun
+    from tests._support.dagtest import DagTestRun
 
 # A developer's own Airflow settings (a real AIRFLOW_HOME, connections, a Postgres URL) must not leak
 # into the tests, and tests must never write into them.
@@ -93,9 +93,9 @@ def run_dag_file(airflow_db: Path) -> Iterator[Callable[..., DagTestRun]]:
 
     ``src`` is a path to a DAG file or the file's source text. The result wraps the ``DagRun``
     (``.dag_run``) and reads its task instances and XComs back from the DB; ``.clear_and_rerun(...)``
-    clears chosen task instances and runs the same DAG run again in-process. See tests/dagtest.py.
+    clears chosen task instances and runs the same DAG run again in-process. See tests/_support/dagtest.py.
     """
-    from tests.dagtest import run_dag_file as run
+    from tests._support.dagtest import run_dag_file as run
 
     def _run(src: str | os.PathLike[str], dag_id: str, **conf: object) -> DagTestRun:
         return run(src, dag_id, dags_folder=DAGS_FOLDER, conf=conf or None)

@@ -27,7 +27,7 @@ from airflow_provider_datagen.core import (
 )
 from airflow_provider_datagen.core.steps import validate_pipeline
 from airflow_provider_datagen.exceptions import InvalidPipelineError
-from tests.integration.helpers_engine import Crash, open_log, raw_events, results_fp, statuses
+from tests._support.engine import Crash, open_log, raw_events, results_fp, statuses
 
 ROW = ("event_type", "step", "step_kind", "enclosing_step", "iteration", "fanout_index", "selector_step")
 

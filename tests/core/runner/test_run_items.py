@@ -31,7 +31,7 @@ from airflow_provider_datagen.exceptions import (
     InvalidValueError,
     ProcessError,
 )
-from tests.integration.helpers_engine import (
+from tests._support.engine import (
     Crash,
     Recorder,
     crash_at_commit,
@@ -402,7 +402,7 @@ def test_export_is_deterministic_and_ordered_by_item_id(log: Any, tmp_path: Any)
     b = export_results(other, str(tmp_path / "b.lance"))
     again = export_results(log, str(tmp_path / "a.lance"))
     assert a == b == again and a["rows"] == 12
-    from tests.integration.helpers_engine import export_rows, fields_of_export
+    from tests._support.engine import export_rows, fields_of_export
 
     rows = export_rows(tmp_path / "a.lance")
     assert [r["item_id"] for r in rows] == sorted(str(i) for i in range(12))

@@ -19,7 +19,7 @@ import pytest
 from airflow_provider_datagen.core import CheckpointLog, Loop, MapReduce, Sequence, Step, run_items
 from airflow_provider_datagen.core.runner import MIN_PULL, ItemFailedError
 from airflow_provider_datagen.exceptions import InvalidEventError
-from tests.integration.helpers_engine import (
+from tests._support.engine import (
     Crash,
     flat_output,
     make_items,
@@ -242,7 +242,7 @@ def test_bad_concurrency_arguments_are_refused_before_any_write(tmp_path: Any, k
 
 
 def _fanout_pipeline(calls: Calls, crash_on: str | None = None) -> Any:
-    """Every driver and a MapReduce fan-out (helpers_engine's "steps"), with per-leaf latency."""
+    """Every driver and a MapReduce fan-out (tests._support.engine's "steps"), with per-leaf latency."""
 
     def hook(step: str, ctx: Any) -> None:
         calls.record(f"{ctx.item_id}@{step}#{ctx.iteration}")

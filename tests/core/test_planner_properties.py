@@ -4,7 +4,7 @@ The process under test is deterministic (``process_is_deterministic``), so every
 history against the uninterrupted run: crashes (simulated in-process by :func:`crash_at_commit`, which
 makes every commit from the k-th on die before writing), edits, failures, version bumps, partitions and
 merge orders must all end in the same export fingerprint. The SIGKILL version of crash-resume lives in
-``tests/integration/test_crash_resume.py``.
+``tests/core/runner/test_crash_resume.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from airflow_provider_datagen.core import (
 )
 from airflow_provider_datagen.core.export import collect_results
 from airflow_provider_datagen.exceptions import InvalidValueError
-from tests.integration.helpers_engine import (
+from tests._support.engine import (
     Crash,
     Recorder,
     build_pipeline,

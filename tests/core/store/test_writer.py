@@ -17,7 +17,7 @@ import pytest
 from airflow_provider_datagen.core import CheckpointLog, run_items
 from airflow_provider_datagen.core.log import Batch, LogWriter
 from airflow_provider_datagen.exceptions import InvalidEventError, LogWriteError
-from tests.integration.helpers_engine import flat_output, make_items, open_log, results_fp, statuses
+from tests._support.engine import flat_output, make_items, open_log, results_fp, statuses
 
 N = 30
 

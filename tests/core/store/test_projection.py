@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_datagen.core import CheckpointLog
-from tests.integration.helpers_engine import open_log, raw_events, write_events
+from tests._support.engine import open_log, raw_events, write_events
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -196,7 +196,7 @@ def test_a_planner_stores_its_fold_when_it_covers_many_new_events(
     from airflow_provider_datagen.core import fold_table
     from airflow_provider_datagen.core import log as log_module
     from airflow_provider_datagen.core.chunks import plan_chunks
-    from tests.integration.helpers_engine import light_events
+    from tests._support.engine import light_events
 
     monkeypatch.setattr(log_module, "PROJECTION_MIN_NEW_EVENTS", 500)
     log = open_log(tmp_path, "planned")

@@ -11,12 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
+from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, InvalidItemError
 from airflow_provider_datagen.operators.datagen import (
     STATUS_KEYS,
     DatagenExportOperator,
     DatagenMapOperator,
     DatagenPlanOperator,
+    ItemsFailedError,
 )
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def _dag(
     source: Any,
     experiment: str = "e1",
     map_experiment: str | None = None,
-    process: str = "tests.airflow.procs:fail_3_and_7_once",
+    process: str = "tests._support.procs:fail_3_and_7_once",
     chunk: int = 5,
     map_extra: str = "",
 ) -> str:
@@ -103,6 +104,14 @@ def test_clear_and_rerun_invokes_only_failed_and_inbox_items(
     states = run.states()
     assert states[("generate", 0)] == "failed" and states[("generate", 1)] == "failed"
     assert states[("export", -1)] == "upstream_failed"
+    for map_index, item in ((0, "3"), (1, "7")):
+        # each chunk's task fails with the summary naming its failed item and that item's own error
+        run.assert_failed(
+            "generate",
+            ItemsFailedError,
+            rf"^1 of 5 items failed in this chunk: '{item}' \(first error: .*transient failure of item {item}\)",
+            map_index=map_index,
+        )
     assert _calls(calls) == collections.Counter({str(i): 1 for i in range(10)})
     report = run.xcom("generate", key="datagen_report", map_index=0)
     assert report["failed"] == 1 and report["processed"] == 4
@@ -142,6 +151,8 @@ def test_new_run_plans_only_pending_and_edited_items(
     dag = _dag("ops_newrun", tmp_path, source=str(src), experiment="newrun")
     first = run_dag_file(dag, "ops_newrun")
     assert first.state == "failed"
+    first.assert_failed("generate", ItemsFailedError, r"items failed in this chunk: '3' ", map_index=0)
+    first.assert_failed("generate", ItemsFailedError, r"items failed in this chunk: '7' ", map_index=1)
     calls.unlink()
     second = run_dag_file(dag, "ops_newrun")
     chunks = second.xcom("plan")
@@ -176,7 +187,7 @@ def test_interrupted_history_exports_the_uninterrupted_fingerprint(
     flaky.clear_and_rerun([("generate", 0), ("generate", 1)], include_downstream=True)
     assert flaky.state == "success"
     clean = run_dag_file(
-        _dag("ops_clean", tmp_path, source=_items(), experiment="clean", process="tests.airflow.procs:always_ok"),
+        _dag("ops_clean", tmp_path, source=_items(), experiment="clean", process="tests._support.procs:always_ok"),
         "ops_clean",
     )
     assert clean.state == "success"
@@ -218,7 +229,7 @@ def test_map_operator_with_concurrency_processes_every_item_once(
         tmp_path,
         source=_items(12),
         experiment="conc",
-        process="tests.airflow.procs:always_ok",
+        process="tests._support.procs:always_ok",
         chunk=6,
         map_extra=", concurrency=4",
     )
@@ -243,7 +254,7 @@ def test_map_operator_with_concurrency_processes_every_item_once(
     assert run.xcom("export")["rows"] == 12
     clean = run_dag_file(
         _dag(
-            "ops_conc_seq", tmp_path, source=_items(12), experiment="concseq", process="tests.airflow.procs:always_ok"
+            "ops_conc_seq", tmp_path, source=_items(12), experiment="concseq", process="tests._support.procs:always_ok"
         ),
         "ops_conc_seq",
     )
@@ -257,7 +268,9 @@ def test_mismatching_experiment_between_plan_and_map_fails_before_writing(
         _dag("ops_mismatch", tmp_path, source=_items(4), experiment="mm", map_experiment="other"), "ops_mismatch"
     )
     assert run.state == "failed"
-    assert run.states()[("generate", 0)] == "failed"
+    run.assert_failed(
+        "generate", ConfigurationError, r"experiment mismatch: .*'mm' but this task has experiment='other'", map_index=0
+    )
     assert not calls.exists()
     assert not _log("other").exists()
 
@@ -303,7 +316,7 @@ def test_map_and_export_operators_reject_bad_arguments() -> None:
 @pytest.mark.parametrize(
     ("source", "needle"),
     [
-        ("/nonexistent/items.jsonl", "does not exist"),
+        ("/nonexistent/items.jsonl", "'/nonexistent/items.jsonl' does not exist"),
         ([{"text": "no key"}], "no key field 'id'"),
         ([{"id": "1"}, {"id": "1"}], "duplicate key"),
     ],
@@ -314,7 +327,7 @@ def test_plan_bad_sources_fail_at_execute_and_write_nothing(
     exp = f"bad{abs(hash(needle)) % 10_000}"
     run = run_dag_file(_dag("ops_badsrc", tmp_path, source=source, experiment=exp), "ops_badsrc")
     assert run.state == "failed"
-    assert run.states()[("plan", -1)] == "failed"
+    run.assert_failed("plan", InvalidItemError, needle)
     assert not _log(exp).exists()
     from airflow_provider_datagen.core import load_source
 
@@ -328,17 +341,20 @@ def test_unknown_process_path_fails_the_task_naming_it(
     from airflow_provider_datagen.operators.datagen import resolve_process
 
     for bad, needle in (
-        ("tests.airflow.nope:fn", "cannot import module"),
-        ("tests.airflow.procs:missing", "has no attribute"),
-        ("tests.airflow.procs:not_callable", "not a callable"),
+        ("tests._support.nope:fn", "cannot import module"),
+        ("tests._support.procs:missing", "has no attribute"),
+        ("tests._support.procs:not_callable", "not a callable"),
     ):
         with pytest.raises(ConfigurationError, match=needle):
             resolve_process(bad)
     run = run_dag_file(
-        _dag("ops_badproc", tmp_path, source=_items(3), experiment="badproc", process="tests.airflow.nope:fn"),
+        _dag("ops_badproc", tmp_path, source=_items(3), experiment="badproc", process="tests._support.nope:fn"),
         "ops_badproc",
     )
     assert run.state == "failed"
+    run.assert_failed(
+        "generate", ConfigurationError, r"process 'tests\._support\.nope:fn': cannot import module", map_index=0
+    )
     assert not calls.exists()
     assert not _log("badproc").exists()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+import pytest
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -93,10 +95,21 @@ def test_clear_one_failed_mapped_instance_reruns_only_it(run_dag_file, tmp_path:
         ("flaky", 1): "failed",
         ("flaky", 2): "success",
     }
+    # the task's own exception, not just its state; tasks that did not raise have none
+    error = run.assert_failed("flaky", RuntimeError, "^first attempt of item 1 fails$", map_index=1)
+    assert type(error) is RuntimeError
+    assert run.error("flaky", 0) is None and run.error("collect") is None
+    with pytest.raises(AssertionError, match="not a ValueError"):
+        run.assert_failed("flaky", ValueError, map_index=1)
+    with pytest.raises(AssertionError, match="not found in the error message"):
+        run.assert_failed("flaky", RuntimeError, "second attempt", map_index=1)
+    with pytest.raises(AssertionError, match="is 'success', not 'failed'"):
+        run.assert_failed("flaky", RuntimeError, map_index=0)
 
     run.clear_and_rerun([("flaky", 1)], include_downstream=True)
 
     assert run.state == "success"
+    assert run.error("flaky", 1) is None  # the latest attempt succeeded
     assert run.xcom("collect") == [0, 10, 20]
     lines = [tuple(json.loads(line)) for line in calls.read_text().splitlines()]
     # flaky[0] and flaky[2] ran once; flaky[1] twice; collect once, after the rerun.

@@ -10,7 +10,7 @@ fresh process. For every schedule:
 - the resume invoked exactly the items that were not acknowledged before it (nothing acked is redone);
 - every item is completed, nothing stays pending, no fencing violation appears.
 
-Processes come from two warm servers (:mod:`tests.integration.schedule_worker`) that fork a child per
+Processes come from two warm servers (:mod:`tests._support.workers.schedule`) that fork a child per
 attempt, so 200+ schedules fit in a couple of minutes on two cores. ``DATAGEN_CRASH_SEED=<int>`` draws
 a different set of schedules (the default is derandomized, so CI runs are reproducible);
 ``DATAGEN_CRASH_BATCHES`` scales the run (batches of 20 schedules, 10 by default).
@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -34,12 +33,14 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from tests._support import REPO
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
 CHECKPOINT_EVERY = [1, 3, 10, None]
 MODES = ["invocation", "pull", "commit", "before_commit", "in_commit", "in_maintain", "wall"]
 BATCH = 20
@@ -49,12 +50,12 @@ SERVERS = max(2, min(4, os.cpu_count() or 2))
 
 
 class ScheduleServer:
-    """One warm ``schedule_worker`` process: a JSON request per line in, a JSON reply per line out."""
+    """One warm schedule server (``workers/schedule.py``): a JSON request per line in, a JSON reply per line out."""
 
     def __init__(self) -> None:
         env = dict(os.environ, LANCE_LOG="error", PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.schedule_worker"],
+            [sys.executable, "-m", "tests._support.workers.schedule"],
             cwd=REPO,
             env=env,
             stdin=subprocess.PIPE,

@@ -1,6 +1,6 @@
 """crash_resume_equivalent with real processes: SIGKILL a worker mid-run, resume, compare with a clean run.
 
-Each schedule runs ``tests/integration/crash_worker.py`` in a subprocess that kills itself with SIGKILL
+Each schedule runs ``tests/_support/workers/crash.py`` in a subprocess that kills itself with SIGKILL
 at a chosen point (after K invocations, after the K-th commit, just before it, right after an inbox
 pull, right after a side effect), possibly twice in a row; then the test resumes in-process and
 compares the export with an uninterrupted run of the same deterministic pipeline in another
@@ -20,14 +20,14 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from airflow_provider_datagen.core import export_results, run_items
 from airflow_provider_datagen.core.export import collect_results
-from tests.integration.helpers_engine import (
+from tests._support import REPO
+from tests._support.engine import (
     Recorder,
     append_line,
     build_pipeline,
@@ -39,7 +39,9 @@ from tests.integration.helpers_engine import (
     statuses,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:
+    from pathlib import Path
+
 SEED = 20261130
 N_SCHEDULES = 20
 
@@ -68,7 +70,7 @@ def worker_cmd(root: Path, experiment: str, s: Schedule, kill: Kill | None, **ex
     cmd = [
         sys.executable,
         "-m",
-        "tests.integration.crash_worker",
+        "tests._support.workers.crash",
         "--root",
         str(root),
         "--experiment",

@@ -1,9 +1,9 @@
 """Roles of the object-store test, each run as its own process with the connection in the environment.
 
-    python -m tests.integration.s3_worker writer  --conn datagen_s3 --writer w1 --items 25 --checkpoint-every 3
-    python -m tests.integration.s3_worker writer  ... --kill-after 2      # SIGKILL after its 2nd commit
-    python -m tests.integration.s3_worker maintain --conn datagen_s3 --stop-file F
-    python -m tests.integration.s3_worker ui      --conn datagen_s3 --bad-conn datagen_s3_bad
+    python -m tests._support.workers.s3 writer  --conn datagen_s3 --writer w1 --items 25 --checkpoint-every 3
+    python -m tests._support.workers.s3 writer  ... --kill-after 2      # SIGKILL after its 2nd commit
+    python -m tests._support.workers.s3 maintain --conn datagen_s3 --stop-file F
+    python -m tests._support.workers.s3 ui      --conn datagen_s3 --bad-conn datagen_s3_bad
 
 Every role resolves the log through :class:`DatagenHook` from ``AIRFLOW_CONN_<ID>`` (credentials live
 only in the connection's extras), logs at DEBUG to stderr (Python and Lance), and prints one line

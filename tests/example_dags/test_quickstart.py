@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ import pytest
 
 import airflow_provider_datagen.example_dags as example_dags
 from airflow_provider_datagen.example_dags.fakes import flaky_on_first_attempt, prompts
+from airflow_provider_datagen.operators.datagen import ItemsFailedError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,7 +30,7 @@ def _invocations(path: Path) -> collections.Counter[str]:
 def quickstart_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     calls = tmp_path / "calls.tsv"
     monkeypatch.setenv("DATAGEN_TEST_CALLS", str(calls))
-    monkeypatch.setenv("DATAGEN_QUICKSTART_PROCESS", "tests.airflow.procs:counted_fake_model")
+    monkeypatch.setenv("DATAGEN_QUICKSTART_PROCESS", "tests._support.procs:counted_fake_model")
     monkeypatch.setenv("DATAGEN_QUICKSTART_EXPERIMENT", f"t{os.getpid()}{tmp_path.name[-6:]}".replace("_", ""))
     monkeypatch.setenv("DATAGEN_QUICKSTART_ITEMS", "60")
     monkeypatch.setenv("DATAGEN_QUICKSTART_CHUNK", "20")
@@ -46,6 +48,13 @@ def test_quickstart_clear_and_rerun_touches_only_failed_items(
     assert run.state == "failed"  # type: ignore[attr-defined]
     failed_idx = [mi for (tid, mi), st in states.items() if tid == "generate" and st == "failed"]
     assert failed_idx
+    # each failed chunk names its failed items and the first one's own error; together they are the flaky ones
+    named: set[str] = set()
+    for mi in failed_idx:
+        cause = r"items failed in this chunk: .*\(first error: .*model endpoint timed out"
+        error = run.assert_failed("generate", ItemsFailedError, cause, map_index=mi)  # type: ignore[attr-defined]
+        named |= set(re.findall(r"'([^']+)'", str(error).split(" (first error:")[0]))
+    assert named == flaky
     first = _invocations(quickstart_env)
     assert set(first) == {p["id"] for p in prompts(60)}
     assert all(n == 1 for n in first.values())

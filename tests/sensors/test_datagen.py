@@ -9,11 +9,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from airflow_provider_datagen.core import run_items
 from airflow_provider_datagen.exceptions import ConfigurationError
 from airflow_provider_datagen.operators.datagen import STATUS_KEYS
-from airflow_provider_datagen.sensors.datagen import DatagenStatusSensor
+from airflow_provider_datagen.sensors.datagen import DatagenStatusSensor, TooManyFailedItemsError
 from airflow_provider_datagen.triggers.datagen import DatagenStatusTrigger
 
 if TYPE_CHECKING:
@@ -120,19 +121,25 @@ def test_sensor_fails_when_failed_items_exceed_the_bound(run_dag_file: Callable[
     run_items(_log("failing"), _items(6), _fail_odd)
     run = run_dag_file(_dag("sens_fail", "failing", max_failed=1), "sens_fail")
     assert run.state == "failed"
-    assert run.states()[("wait", -1)] == "failed"
+    run.assert_failed(
+        "wait",
+        TooManyFailedItemsError,
+        r"^3 items of sens/failing are failed, more than max_failed_items=1 \(e\.g\. '1', '3', '5'\)",
+    )
 
 
 def test_sensor_times_out_when_condition_never_holds(run_dag_file: Callable[..., Any]) -> None:
     run_items(_log("stuck"), _items(3), _fail_odd)
     run = run_dag_file(_dag("sens_timeout", "stuck", timeout=2), "sens_timeout")
     assert run.state == "failed"
+    # the sensor's own timeout, not a failure it detected: max_failed_items is unset
+    run.assert_failed("wait", AirflowSensorTimeout, r"^Sensor has timed out; .* exceeds the specified timeout of 2")
 
 
 def test_poke_reports_failed_ids_and_rerun_advice() -> None:
     run_items(_log("advice"), _items(6), _fail_odd)
     sensor = DatagenStatusSensor(task_id="w", pipeline="sens", experiment="advice", max_failed_items=0)
-    with pytest.raises(Exception, match=r"'1', '3', '5'.*clear the failed DatagenMapOperator"):
+    with pytest.raises(TooManyFailedItemsError, match=r"'1', '3', '5'.*clear the failed DatagenMapOperator"):
         sensor.poke({"ti": None})  # type: ignore[typeddict-item]
 
 

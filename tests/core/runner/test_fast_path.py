@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_datagen.core import run_items
 from airflow_provider_datagen.core.runner import _Runner
-from tests.integration.helpers_engine import open_log, raw_events
+from tests._support.engine import open_log, raw_events
 
 BEHAVIOURS = [
     "none",

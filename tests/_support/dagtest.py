@@ -14,6 +14,12 @@ What works in Airflow 3.3 (read from airflow/sdk/definitions/dag.py, ``DAG.test`
   task instances that are not finished, with ``try_number`` incremented as the scheduler would.
   This relies on two private names; if a later Airflow renames them, the patch raises
   ``AttributeError`` instead of silently rerunning everything.
+* A failed task's own exception: ``dag.test()`` keeps only the state. It runs every task in this
+  process through ``supervisor.run_task_in_process``, whose ``TaskRunResult.error`` is the exception
+  the task ended with (the one ``on_failure_callback`` gets as ``context["exception"]``). The harness
+  wraps that function while ``dag.test()`` runs and records the latest attempt's error per
+  ``(task_id, map_index)``: :meth:`DagTestRun.error` returns it and :meth:`DagTestRun.assert_failed`
+  checks a failure's type and message, so a test asserts the cause, not just ``state == "failed"``.
 """
 
 from __future__ import annotations
@@ -21,20 +27,23 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from contextlib import ExitStack
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
 
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.sdk import DAG
 
 _DAG_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+TaskKey = tuple[str, int]
+"""``(task_id, map_index)``; ``map_index`` is ``-1`` for an unmapped task."""
 
 
 def write_dag_file(src: str | os.PathLike[str], dag_id: str, dags_folder: Path) -> Path:
@@ -68,8 +77,37 @@ def run_dag_file(
     """Write the DAG file into ``dags_folder``, parse it and run it once with ``dag.test()``."""
     path = write_dag_file(src, dag_id, dags_folder)
     dag = load_dag(path, dag_id)
-    dag_run = dag.test(run_conf=conf)
-    return DagTestRun(dag=dag, dag_run=dag_run)
+    errors: dict[TaskKey, BaseException | None] = {}
+    with recording_task_errors(errors):
+        dag_run = dag.test(run_conf=conf)
+    return DagTestRun(dag=dag, dag_run=dag_run, task_errors=errors)
+
+
+@contextmanager
+def recording_task_errors(errors: dict[TaskKey, BaseException | None]) -> Iterator[None]:
+    """While inside, record into ``errors`` the exception each task attempt ends with (``None`` if none).
+
+    Every attempt overwrites its key, so after a clear and rerun the entry is the latest attempt's; a
+    deferred task's key is written again when it resumes. An exception raised by the in-process run
+    itself (not by the task) is recorded too, then re-raised to ``dag.test()`` as before.
+    """
+    # Airflow is imported only after tests/conftest.py has set up its environment.
+    from airflow.sdk.execution_time import supervisor
+
+    real = supervisor.run_task_in_process
+
+    def run_and_record(ti: Any, task: Any, client: Any = None) -> Any:
+        key = (ti.task_id, ti.map_index)
+        try:
+            result = real(ti=ti, task=task, client=client)
+        except BaseException as exc:
+            errors[key] = exc
+            raise
+        errors[key] = result.error
+        return result
+
+    with mock.patch.object(supervisor, "run_task_in_process", run_and_record):
+        yield
 
 
 @dataclass
@@ -78,6 +116,7 @@ class DagTestRun:
 
     dag: DAG
     dag_run: DagRun
+    task_errors: dict[TaskKey, BaseException | None] = field(default_factory=dict)
 
     @property
     def dag_id(self) -> str:
@@ -127,6 +166,29 @@ class DagTestRun:
     def states(self) -> dict[tuple[str, int], str | None]:
         """``{(task_id, map_index): state}`` for a compact assertion."""
         return {(ti.task_id, ti.map_index): _plain(ti.state) for ti in self.task_instances()}
+
+    def error(self, task_id: str, map_index: int = -1) -> BaseException | None:
+        """The exception the task instance's latest attempt ended with; ``None`` if it raised none or never ran."""
+        return self.task_errors.get((task_id, map_index))
+
+    def assert_failed(
+        self, task_id: str, error_type: type[BaseException], match: str | None = None, *, map_index: int = -1
+    ) -> BaseException:
+        """Assert the task instance failed with its own ``error_type`` whose message matches ``match``.
+
+        ``match`` is searched with :func:`re.search` in ``str(error)``, as ``pytest.raises(match=...)``
+        does. Returns the exception for further assertions.
+        """
+        state = self.states().get((task_id, map_index))
+        error = self.error(task_id, map_index)
+        where = f"{task_id}[{map_index}] in run {self.run_id}"
+        if state != "failed":
+            raise AssertionError(f"{where} is {state!r}, not 'failed' (its last error: {error!r})")
+        if not isinstance(error, error_type):
+            raise AssertionError(f"{where} failed with {error!r}, not a {error_type.__name__}")
+        if match is not None and not re.search(match, str(error)):
+            raise AssertionError(f"{where}: {match!r} not found in the error message {str(error)!r}")
+        return error
 
     def try_numbers(self) -> dict[tuple[str, int], int]:
         return {(ti.task_id, ti.map_index): ti.try_number for ti in self.task_instances()}
@@ -209,6 +271,7 @@ class DagTestRun:
         with ExitStack() as stack:
             stack.enter_context(mock.patch.object(SerializedDAG, "clear_dags", return_value=0))
             stack.enter_context(mock.patch("airflow.models.dagrun.get_or_create_dagrun", resume_existing_run))
+            stack.enter_context(recording_task_errors(self.task_errors))
             self.dag_run = self.dag.test()
         return self
 

@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -34,14 +33,15 @@ from airflow_provider_datagen.exceptions import DatagenError
 # Imported at collection, not inside the test: the first Airflow import sets up logging handlers on the
 # current sys.stderr, which inside a test using capsys is a stream closed when that test ends.
 from airflow_provider_datagen.hooks.datagen import DatagenHook
-from tests.integration.s3_worker import EXPERIMENT, PIPELINE, items_for, process
+from tests._support import REPO
+from tests._support.workers.s3 import EXPERIMENT, PIPELINE, items_for, process
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[2]
 BUCKET = "datagen-bucket"
 KEY_ID = "AKIADATAGENS3KEYID77"
 SECRET = "dG9wLXNlY3JldC1kYXRhZ2VuLXMzLWtleQ-Zq8wXv2y"
@@ -137,7 +137,7 @@ def _env(endpoint: str) -> dict[str, str]:
 
 def _start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.s3_worker", *args],
+        [sys.executable, "-m", "tests._support.workers.s3", *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -305,8 +305,8 @@ def test_folds_are_remembered_and_stored_on_s3_and_a_log_written_again_is_never_
     import boto3
 
     from airflow_provider_datagen.core import fold_table
-    from tests.integration.helpers_engine import light_events
-    from tests.integration.test_states_memo import ScanCount, _write
+    from tests._support.engine import light_events
+    from tests.core.store.test_projection import ScanCount, _write
 
     options = {k: str(v).lower() if isinstance(v, bool) else v for k, v in _options(moto_endpoint).items()}
 

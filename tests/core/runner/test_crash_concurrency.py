@@ -19,8 +19,9 @@ import pytest
 
 from airflow_provider_datagen.core import export_results, run_items
 from airflow_provider_datagen.core.export import collect_results
-from tests.integration.helpers_engine import Recorder, build_pipeline, make_items, open_log
-from tests.integration.test_crash_resume import REPO, Kill, Schedule, check_after_kill, run_worker, worker_cmd
+from tests._support import REPO
+from tests._support.engine import Recorder, build_pipeline, make_items, open_log
+from tests.core.runner.test_crash_resume import Kill, Schedule, check_after_kill, run_worker, worker_cmd
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -14,7 +14,7 @@ from airflow_provider_datagen.core import fold_table, plan_resume, prepare_items
 from airflow_provider_datagen.core import log as log_module
 from airflow_provider_datagen.core.planner import classify
 from airflow_provider_datagen.exceptions import LogCorruptedError
-from tests.integration.helpers_engine import light_events, make_items, open_log
+from tests._support.engine import light_events, make_items, open_log
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core import CheckpointLog

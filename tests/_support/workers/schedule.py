@@ -1,6 +1,6 @@
 """A warm crash-schedule server: forks one child per attempt and SIGKILLs it at a chosen point.
 
-    python -m tests.integration.schedule_worker        # JSON requests on stdin, JSON replies on stdout
+    python -m tests._support.workers.schedule        # JSON requests on stdin, JSON replies on stdout
 
 Starting Python and importing Lance costs about a second, so one server process imports everything
 once and then forks a child per attempt. The server never touches a Lance dataset itself (Lance's

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_datagen.core import canonical_json, export_results, plan_resume, run_items
-from tests.integration.helpers_engine import export_rows, open_log
+from tests._support.engine import export_rows, open_log
 
 RESUME_EVENT_COUNT = 40
 ABORT_AFTER_ITEMS = 8

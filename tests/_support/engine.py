@@ -1,6 +1,6 @@
 """Shared pieces of the resume-engine suites: deterministic pipelines, crash injection, log readers.
 
-The crash worker (``crash_worker.py``) imports the pipelines from here, so a subprocess killed with
+The crash worker (``workers/crash.py``) imports the pipelines from here, so a subprocess killed with
 SIGKILL and the in-process baseline run exactly the same code. Everything is deterministic: a step's
 output is a pure function of the item and its folded fields (seed 001 ``process_is_deterministic``).
 """

@@ -1,6 +1,6 @@
 """A ``run_items`` worker that kills itself with SIGKILL at a chosen point (crash-injection harness).
 
-    python -m tests.integration.crash_worker --root DIR --experiment E --n-items 30 \\
+    python -m tests._support.workers.crash --root DIR --experiment E --n-items 30 \\
         --checkpoint-every 3 --kill-mode invocation --kill-after 7 [--kind steps] [--emit-file F] \\
         [--concurrency 4]
 
@@ -15,7 +15,7 @@ Kill modes (``--kill-after K``):
 - ``before-commit``: die just before the K-th commit is written (its batch is lost).
 
 ``--sleep-ms`` slows each invocation so a parent can SIGKILL the worker after a random delay instead.
-The pipelines come from :mod:`tests.integration.helpers_engine`, so an in-process baseline runs the same
+The pipelines come from :mod:`tests._support.engine`, so an in-process baseline runs the same
 deterministic code. Exit status -9 (killed) is the expected outcome of every mode but ``none``.
 """
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_provider_datagen.core import run_items
     from airflow_provider_datagen.core.log import LogWriter
     from airflow_provider_datagen.core.runner import _Runner
-    from tests.integration import helpers_engine as h
+    from tests._support import engine as h
 
     mode, k = args.kill_mode, args.kill_after
     counts = {"invocations": 0, "emits": 0, "pulls": 0, "commits": 0}
