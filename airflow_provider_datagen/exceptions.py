@@ -53,3 +53,15 @@ class ProcessError(DatagenError):
 
 class ConfigurationError(DatagenError, ValueError):
     """An operator, hook or sensor argument is invalid; names the parameter."""
+
+
+class ItemsFailedError(DatagenError):
+    """Some items of a mapped chunk failed; they are recorded in the log and pending for a rerun."""
+
+
+class TooManyFailedItemsError(DatagenError):
+    """More items are failed than a status sensor's ``max_failed_items`` allows."""
+
+
+class NotFoundError(DatagenError):
+    """An experiment, item or blob the UI was asked for does not exist; the message says what."""

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
     from airflow.sdk.types import TaskInstanceKey
 
-#: Where the plugin mounts its FastAPI app (see ``plugins/datagen.py``).
+#: Where the plugin mounts its FastAPI app: the one definition the plugin, its pages and this link use.
 PLUGIN_URL_PREFIX = "/datagen"
 
 

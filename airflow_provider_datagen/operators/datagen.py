@@ -15,9 +15,18 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import jinja2.nativetypes
 from airflow.sdk import Asset, BaseOperator
+from airflow.sdk.exceptions import AirflowTaskTimeout
 
-from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
+from airflow_provider_datagen._arguments import (
+    bad_argument,
+    check_name_argument,
+    check_non_empty_str,
+    check_positive_int,
+    is_template,
+)
+from airflow_provider_datagen.exceptions import ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 
@@ -30,76 +39,66 @@ if TYPE_CHECKING:
 
 STATUS_XCOM_KEY = "datagen_status"
 REPORT_XCOM_KEY = "datagen_report"
-STATUS_KEYS = (
-    "pipeline",
-    "experiment",
-    "total",
-    "completed",
-    "filtered",
-    "running",
-    "never_started",
-    "failed_items",
-    "pending",
-    "log_version",
-)
 _PROCESS_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _FAILED_SHOWN = 20
 
 
-class ItemsFailedError(DatagenError):
-    """Some items of a chunk failed; they are recorded in the log and pending for a rerun."""
-
-
-def _check_name(value: Any, param: str) -> str:
-    from airflow_provider_datagen.core.ids import check_name
-
-    if isinstance(value, str) and "{{" in value:
-        return value  # a Jinja template: checked after rendering, in execute
-    try:
-        return check_name(value, param)
-    except DatagenError as exc:
-        raise ConfigurationError(f"{param}: {exc}") from None
-
-
-def _check_positive(value: Any, param: str, *, allow_none: bool = False) -> Any:
-    if value is None and allow_none:
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{param} must be a positive int, got {value!r}")
-    return value
+def _bad_process(process: Any) -> Exception:
+    return bad_argument(
+        "DatagenMapOperator",
+        "process",
+        process,
+        "is not a callable, a Step pipeline or a 'package.module:function' path",
+        "pass the function or pipeline itself, or its dotted path",
+    )
 
 
 def resolve_process(process: Any) -> Any:
     """A callable or Step from ``"package.module:function"``, a callable or a step pipeline."""
+    # Deferred, like every core import here: core imports Lance, which DAG parsing must not pay for.
     from airflow_provider_datagen.core.steps import Step
 
     if isinstance(process, Step) or callable(process):
         return process
     if not isinstance(process, str) or not _PROCESS_PATH_RE.match(process):
-        raise ConfigurationError(
-            f"process {process!r} must be a callable, a Step pipeline or a 'package.module:function' path"
-        )
+        raise _bad_process(process)
     module_name, _, attr = process.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigurationError(
-            f"process {process!r}: cannot import module {module_name!r} ({exc}); make it importable on the "
-            "workers (a package, or a module next to the DAG file)"
+        raise bad_argument(
+            "DatagenMapOperator",
+            "process",
+            process,
+            f"names a module it cannot import: module {module_name!r} ({exc})",
+            "make it importable on the workers (a package, or a module next to the DAG file)",
         ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigurationError(f"process {process!r}: module {module_name!r} has no attribute {attr!r}")
+            raise bad_argument(
+                "DatagenMapOperator",
+                "process",
+                process,
+                f"names a missing attribute: module {module_name!r} has no attribute {attr!r}",
+                "check the name after the ':'",
+            )
         obj = getattr(obj, part)
     if not (isinstance(obj, Step) or callable(obj)):
-        raise ConfigurationError(f"process {process!r} is a {type(obj).__name__}, not a callable or a Step")
+        raise bad_argument(
+            "DatagenMapOperator",
+            "process",
+            process,
+            f"is a {type(obj).__name__}, not a callable or a Step",
+            "point it at a function or a step pipeline",
+        )
     return obj
 
 
-def _status(log: CheckpointLog, items: Any = None, key_field: str = "id") -> dict[str, Any]:
+def _status(event_log: CheckpointLog) -> dict[str, Any]:
+    # Deferred: see resolve_process.
     from airflow_provider_datagen.core import status_of
 
-    return status_of(log, items, key_field)
+    return status_of(event_log)
 
 
 def _is_literal(value: str, env: Any) -> bool:
@@ -111,8 +110,6 @@ def _is_literal(value: str, env: Any) -> bool:
     path: native rendering (``"123"`` would become an int), the normalisation of carriage returns, and
     the stripping of one trailing newline when ``keep_trailing_newline`` is off.
     """
-    import jinja2.nativetypes
-
     if isinstance(env, jinja2.nativetypes.NativeEnvironment) or "\r" in value:
         return False
     if value.endswith("\n") and not env.keep_trailing_newline:
@@ -137,8 +134,8 @@ class _DatagenBase(BaseOperator):
         self, *, pipeline: str, experiment: str, datagen_conn_id: str = DatagenHook.default_conn_name, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = _check_name(pipeline, "pipeline")
-        self.experiment = _check_name(experiment, "experiment")
+        self.pipeline = check_name_argument(self, "pipeline", pipeline)
+        self.experiment = check_name_argument(self, "experiment", experiment)
         self.datagen_conn_id = datagen_conn_id
 
     @cached_property
@@ -146,8 +143,9 @@ class _DatagenBase(BaseOperator):
         return DatagenHook(datagen_conn_id=self.datagen_conn_id)
 
     def get_log(self) -> CheckpointLog:
-        _check_name(self.pipeline, "pipeline")
-        _check_name(self.experiment, "experiment")
+        """The experiment's event log (names checked again: templates are rendered by now)."""
+        check_name_argument(self, "pipeline", self.pipeline)
+        check_name_argument(self, "experiment", self.experiment)
         return self.hook.get_log(self.pipeline, self.experiment)
 
     def render_template(
@@ -219,19 +217,22 @@ class DatagenPlanOperator(_DatagenBase):
     ) -> None:
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
         if not isinstance(source, (list, tuple, str, os.PathLike)):
-            raise ConfigurationError(
-                f"source must be a list of dicts or a path/URI string, got {type(source).__name__}"
+            raise bad_argument(
+                self,
+                "source",
+                source,
+                f"is a {type(source).__name__}, not a list of dicts or a path/URI string",
+                "give the items inline or a .jsonl, .parquet or .lance path or URI",
             )
-        if not isinstance(key_field, str) or not key_field:
-            raise ConfigurationError(f"key_field must be a non-empty string, got {key_field!r}")
         self.source = list(source) if isinstance(source, tuple) else source
-        self.key_field = key_field
-        self.chunk_size = _check_positive(chunk_size, "chunk_size")
-        if not isinstance(processor_version, str) or not processor_version:
-            raise ConfigurationError(f"processor_version must be a non-empty string, got {processor_version!r}")
-        self.processor_version = processor_version
+        self.key_field = check_non_empty_str(self, "key_field", key_field, "name the field holding each item's key")
+        self.chunk_size = check_positive_int(self, "chunk_size", chunk_size)
+        self.processor_version = check_non_empty_str(
+            self, "processor_version", processor_version, "give the version of the processing code, e.g. 'v1'"
+        )
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
+        # Deferred: see resolve_process.
         from airflow_provider_datagen.core.chunks import plan_chunks
 
         max_map = _max_map_length()
@@ -252,6 +253,7 @@ class DatagenPlanOperator(_DatagenBase):
 
 def _max_map_length() -> int:
     try:
+        # Deferred and guarded: the full Airflow configuration is absent on a task-SDK-only worker.
         from airflow.configuration import conf
 
         return conf.getint("core", "max_map_length", fallback=1024)
@@ -263,7 +265,7 @@ class _Progress:
     """Logs done/total, items/s and ETA at most every ``interval`` seconds."""
 
     def __init__(self, logger: logging.Logger, interval: float) -> None:
-        self.log = logger
+        self.logger = logger
         self.interval = interval
         self.start = time.monotonic()
         self.last = self.start
@@ -276,7 +278,7 @@ class _Progress:
         elapsed = max(now - self.start, 1e-9)
         rate = done / elapsed
         eta = (total - done) / rate if rate > 0 else math.inf
-        self.log.info(
+        self.logger.info(
             "progress: %d/%d items (%.0f%%), %.1f items/s, ETA %s",
             done,
             total,
@@ -344,34 +346,47 @@ class DatagenMapOperator(_DatagenBase):
         kwargs.setdefault("map_index_template", "{{ task.chunk_label }}")
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
         if isinstance(process, str) and not _PROCESS_PATH_RE.match(process):
-            raise ConfigurationError(
-                f"process {process!r} must be a 'package.module:function' path, a callable or a Step pipeline"
-            )
+            raise _bad_process(process)
         if not (isinstance(process, str) or callable(process)):
+            # Deferred: see resolve_process.
             from airflow_provider_datagen.core.steps import Step
 
             if not isinstance(process, Step):
-                raise ConfigurationError(
-                    f"process must be a callable, a Step pipeline or a dotted path, got {type(process).__name__}"
-                )
+                raise _bad_process(process)
         self.process = process
         self.processor_version = processor_version
-        self.checkpoint_every = _check_positive(checkpoint_every, "checkpoint_every", allow_none=True)
+        self.checkpoint_every = check_positive_int(self, "checkpoint_every", checkpoint_every, allow_none=True)
         if not isinstance(checkpoint_interval, (int, float)) or checkpoint_interval <= 0:
-            raise ConfigurationError(f"checkpoint_interval must be a positive number, got {checkpoint_interval!r}")
+            raise bad_argument(
+                self,
+                "checkpoint_interval",
+                checkpoint_interval,
+                "is not a positive number",
+                "give the time bound of group commit in seconds, e.g. 2.0",
+            )
         self.checkpoint_interval = float(checkpoint_interval)
         if chunk is not None and not isinstance(chunk, Mapping):
-            raise ConfigurationError(f"chunk must be a chunk descriptor dict from DatagenPlanOperator, got {chunk!r}")
+            raise bad_argument(
+                self,
+                "chunk",
+                chunk,
+                "is not a chunk descriptor dict",
+                "map the operator with expand_kwargs(plan.output) of a DatagenPlanOperator",
+            )
         self.chunk = dict(chunk) if chunk is not None else None
         if chunk is None and source is None:
-            raise ConfigurationError(
-                "give either chunk (expand_kwargs(plan.output) from a DatagenPlanOperator) or source"
+            raise bad_argument(
+                self,
+                "chunk",
+                chunk,
+                "and source=None leave nothing to run",
+                "give either chunk (expand_kwargs(plan.output) from a DatagenPlanOperator) or source",
             )
         self.source = source
         self.key_field = key_field
         self.fail_fast = bool(fail_fast)
         self.progress_interval = float(progress_interval)
-        self.concurrency = _check_positive(concurrency, "concurrency")
+        self.concurrency = check_positive_int(self, "concurrency", concurrency)
 
     @property
     def chunk_label(self) -> str:
@@ -380,27 +395,30 @@ class DatagenMapOperator(_DatagenBase):
             return str(self.chunk.get("label", ""))
         return "all items"
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowTaskTimeout
-
+    def _items(self) -> tuple[list[Any], str]:
+        """The items of this chunk (or of the whole source without a plan) and their key field."""
+        # Deferred: see resolve_process.
+        from airflow_provider_datagen.core import load_source
         from airflow_provider_datagen.core.chunks import chunk_items
 
-        process = resolve_process(self.process)
-        log = self.get_log()
-        if self.chunk is not None:
-            items = chunk_items(
-                self.chunk,
-                pipeline=self.pipeline,
-                experiment=self.experiment,
-                processor_version=self.processor_version,
-                storage_options=self.hook.storage_options or None,
-            )
-            key_field = str(self.chunk.get("key_field", self.key_field))
-        else:
-            from airflow_provider_datagen.core import load_source
+        if self.chunk is None:
+            return load_source(self.source, self.key_field), self.key_field
+        items = chunk_items(
+            self.chunk,
+            pipeline=self.pipeline,
+            experiment=self.experiment,
+            processor_version=self.processor_version,
+            storage_options=self.hook.storage_options or None,
+        )
+        return items, str(self.chunk.get("key_field", self.key_field))
 
-            items = load_source(self.source, self.key_field)
-            key_field = self.key_field
+    def execute(self, context: Context) -> dict[str, Any]:
+        # Deferred: see resolve_process.
+        from airflow_provider_datagen.core import run_items
+
+        process = resolve_process(self.process)
+        event_log = self.get_log()
+        items, key_field = self._items()
         ti = context["ti"]
         map_index = getattr(ti, "map_index", -1)
         try_number = int(getattr(ti, "try_number", 1) or 1)
@@ -412,12 +430,10 @@ class DatagenMapOperator(_DatagenBase):
             "try_number": try_number,
         }
         writer_id = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{map_index}"
-        epoch = log.next_epoch()
+        epoch = event_log.next_epoch()
         self.log.info("writer %s epoch %d (try %d): %d items in this chunk", writer_id, epoch, try_number, len(items))
-        from airflow_provider_datagen.core import run_items
-
         report = run_items(
-            log,
+            event_log,
             items,
             process,
             key_field=key_field,
@@ -434,7 +450,7 @@ class DatagenMapOperator(_DatagenBase):
         )
         result = report.as_dict()
         self.log.info("chunk done: %s (%d commits, %d events)", result, report.commits, report.events)
-        self.push_status(context, _status(log))
+        self.push_status(context, _status(event_log))
         if report.failed:
             ti.xcom_push(key=REPORT_XCOM_KEY, value=result)
             shown = ", ".join(repr(i) for i in report.failed[:_FAILED_SHOWN])
@@ -476,25 +492,31 @@ class DatagenExportOperator(_DatagenBase):
         **kwargs: Any,
     ) -> None:
         if not isinstance(destination, (str, os.PathLike)) or not os.fspath(destination):
-            raise ConfigurationError(f"destination must be a path or URI string, got {destination!r}")
+            raise bad_argument(
+                self, "destination", destination, "is not a path or URI string", "give an absolute path or a URI"
+            )
         destination = os.fspath(destination)
-        if "{{" not in destination:
+        if not is_template(destination):
             if "://" not in destination and not os.path.isabs(destination):
-                raise ConfigurationError(
-                    f"destination {destination!r} is relative; give an absolute path or a URI (each Airflow "
-                    "component has its own working directory)"
+                raise bad_argument(
+                    self,
+                    "destination",
+                    destination,
+                    "is a relative path",
+                    "give an absolute path or a URI (each Airflow component has its own working directory)",
                 )
             kwargs.setdefault("outlets", [Asset(asset_uri(destination))])
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
         self.destination = destination
 
     def execute(self, context: Context) -> dict[str, Any]:
+        # Deferred: see resolve_process.
         from airflow_provider_datagen.core import export_results
 
-        log = self.get_log()
-        result = export_results(log, self.destination, storage_options=self.hook.storage_options or None)
+        event_log = self.get_log()
+        result = export_results(event_log, self.destination, storage_options=self.hook.storage_options or None)
         self.log.info("exported %d rows to %s, fingerprint %s", result["rows"], self.destination, result["fingerprint"])
-        self.push_status(context, _status(log))
+        self.push_status(context, _status(event_log))
         return result
 
 
@@ -531,10 +553,10 @@ class DatagenMaintenanceOperator(_DatagenBase):
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        log = self.get_log()
-        result = log.maintain()
-        self.log.info("maintenance of %s: %s", log.uri, result)
-        self.push_status(context, _status(log))
+        event_log = self.get_log()
+        result = event_log.maintain()
+        self.log.info("maintenance of %s: %s", event_log.uri, result)
+        self.push_status(context, _status(event_log))
         return result
 
 

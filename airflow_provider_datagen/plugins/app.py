@@ -26,18 +26,11 @@ from airflow.api_fastapi.core_api.security import requires_access_dag
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from airflow_provider_datagen.exceptions import DatagenError
+from airflow_provider_datagen.exceptions import DatagenError, NotFoundError
 from airflow_provider_datagen.plugins import pages
-from airflow_provider_datagen.plugins.data import (
-    MAX_PAGE_SIZE,
-    STATUS_FILTERS,
-    NotFoundError,
-    Reader,
-    conn_id,
-    current_reader,
-)
+from airflow_provider_datagen.plugins.data import MAX_PAGE_SIZE, STATUS_FILTERS, Reader, conn_id, current_reader
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _NO_STORE = {"Cache-Control": "no-store"}
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
@@ -100,7 +93,7 @@ def _index_data(reader: Reader) -> dict[str, Any]:
             prep = reader.prepared(ref.pipeline, ref.experiment)
         except DatagenError as exc:
             # One unreadable log (newer schema, damaged files) must not hide the others.
-            log.warning("cannot read experiment %s/%s: %s", ref.pipeline, ref.experiment, exc)
+            logger.warning("cannot read experiment %s/%s: %s", ref.pipeline, ref.experiment, exc)
             entry["error"] = str(exc)
         else:
             s = prep.summary
@@ -154,7 +147,7 @@ def create_app() -> FastAPI:
     @app.exception_handler(DatagenError)
     def _datagen_error(request: Request, exc: DatagenError) -> Response:
         # A damaged log or a misconfigured connection: the message names the thing and the fix.
-        log.warning("datagen UI request %s failed: %s", request.url.path, exc)
+        logger.warning("datagen UI request %s failed: %s", request.url.path, exc)
         if _wants_json(request):
             return JSONResponse({"detail": str(exc)}, status_code=500)
         return _html(pages.error_page(500, str(exc), _urls(request)), 500)

@@ -2,8 +2,8 @@
 
 Registered only through the ``airflow.plugins`` entry point (pyproject.toml). It contributes:
 
-* a FastAPI app mounted by the API server at ``/datagen`` (``plugins/app.py``), every route behind
-  Airflow's own auth;
+* a FastAPI app mounted by the API server at ``/datagen`` (``links.PLUGIN_URL_PREFIX``; the app is
+  ``plugins/app.py``), every route behind Airflow's own auth;
 * a top-level nav entry "Datagen" (the experiments index in an iframe);
 * a "Datagen" tab on every task instance (``/datagen/ti/<dag>/<run>/<task>/<map index>`` in an
   iframe): the items that map index wrote and what each try did to them.
@@ -26,12 +26,12 @@ from urllib.parse import quote
 
 from airflow.sdk.plugins_manager import AirflowPlugin
 
-URL_PREFIX = "/datagen"
+from airflow_provider_datagen.links import PLUGIN_URL_PREFIX
 
 # Hrefs are relative (no leading slash): the Airflow UI page sets <base href> to the API server's
 # base path, so the iframe resolves them under a reverse-proxy sub-path too.
-_NAV_HREF = "datagen/"
-_TI_HREF = "datagen/ti/{DAG_ID}/{RUN_ID}/{TASK_ID}/{MAP_INDEX}"
+_NAV_HREF = PLUGIN_URL_PREFIX.strip("/") + "/"
+_TI_HREF = _NAV_HREF + "ti/{DAG_ID}/{RUN_ID}/{TASK_ID}/{MAP_INDEX}"
 
 
 def _icon(color: str) -> str:
@@ -93,4 +93,4 @@ class DatagenPlugin(AirflowPlugin):
 
     @property  # type: ignore[override]
     def fastapi_apps(self) -> list[dict[str, Any]]:
-        return [{"app": get_app(), "url_prefix": URL_PREFIX, "name": "Datagen"}]
+        return [{"app": get_app(), "url_prefix": PLUGIN_URL_PREFIX, "name": "Datagen"}]

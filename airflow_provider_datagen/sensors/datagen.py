@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
+from airflow_provider_datagen._arguments import bad_argument, check_name_argument
+from airflow_provider_datagen.exceptions import DatagenError, TooManyFailedItemsError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 from airflow_provider_datagen.operators.datagen import STATUS_XCOM_KEY
@@ -22,10 +22,6 @@ from airflow_provider_datagen.triggers.datagen import (
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-
-class TooManyFailedItemsError(DatagenError):
-    """More items are failed than the sensor's ``max_failed_items`` allows."""
 
 
 class DatagenStatusSensor(BaseSensorOperator):
@@ -63,29 +59,32 @@ class DatagenStatusSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        from airflow_provider_datagen.operators.datagen import _check_name
-
-        self.pipeline = _check_name(pipeline, "pipeline")
-        self.experiment = _check_name(experiment, "experiment")
-        self.condition = check_condition(condition)
+        self.pipeline = check_name_argument(self, "pipeline", pipeline)
+        self.experiment = check_name_argument(self, "experiment", experiment)
+        self.condition = check_condition(self, condition)
         if deferrable and not isinstance(condition, str):
-            raise ConfigurationError(
-                "condition: a callable cannot run in the triggerer; use a named condition with deferrable=True "
-                "or poke/reschedule mode for a callable"
+            raise bad_argument(
+                self,
+                "condition",
+                condition,
+                "is a callable, which cannot run in the triggerer",
+                "use a named condition with deferrable=True, or poke/reschedule mode for a callable",
             )
         if max_failed_items is not None and (
             isinstance(max_failed_items, bool) or not isinstance(max_failed_items, int) or max_failed_items < 0
         ):
-            raise ConfigurationError(f"max_failed_items must be a non-negative int, got {max_failed_items!r}")
+            raise bad_argument(
+                self,
+                "max_failed_items",
+                max_failed_items,
+                "is not a non-negative int",
+                "give how many failed items to tolerate, or None to never fail on them",
+            )
         self.source = source
         self.key_field = key_field
         self.max_failed_items = max_failed_items
         self.deferrable = bool(deferrable)
         self.datagen_conn_id = datagen_conn_id
-
-    @cached_property
-    def hook(self) -> DatagenHook:
-        return DatagenHook(datagen_conn_id=self.datagen_conn_id)
 
     def _status(self) -> dict[str, Any]:
         return compute_status(

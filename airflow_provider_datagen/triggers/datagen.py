@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_datagen.exceptions import ConfigurationError
+from airflow_provider_datagen._arguments import bad_argument
+from airflow_provider_datagen.hooks.datagen import DatagenHook
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -23,30 +24,42 @@ CONDITIONS: dict[str, Callable[[dict[str, Any]], bool]] = {
 }
 
 
-def check_condition(condition: Any) -> Any:
+def check_condition(owner: object, condition: Any) -> Any:
+    """``condition`` if it is a known condition name or a callable; ``owner`` is the class taking it."""
     if isinstance(condition, str):
         if condition not in CONDITIONS:
-            raise ConfigurationError(
-                f"condition {condition!r} is unknown; use one of {sorted(CONDITIONS)} or a callable on the status"
+            raise bad_argument(
+                owner,
+                "condition",
+                condition,
+                "is unknown",
+                f"use one of {sorted(CONDITIONS)} or a callable on the status",
             )
         return condition
     if callable(condition):
         return condition
-    raise ConfigurationError(f"condition must be a name or a callable, got {type(condition).__name__}")
+    raise bad_argument(
+        owner,
+        "condition",
+        condition,
+        f"is a {type(condition).__name__}, not a condition name or a callable",
+        f"use one of {sorted(CONDITIONS)} or a callable on the status",
+    )
 
 
 def compute_status(
     *, pipeline: str, experiment: str, source: Any, key_field: str, datagen_conn_id: str
 ) -> dict[str, Any]:
     """The folded ``datagen_status`` of an experiment; with a source, its unstarted items are pending."""
+    # Deferred: core imports Lance, which DAG parsing must not pay for.
     from airflow_provider_datagen.core import status_of
-    from airflow_provider_datagen.hooks.datagen import DatagenHook
 
-    log = DatagenHook(datagen_conn_id=datagen_conn_id).get_log(pipeline, experiment)
-    return status_of(log, None if source is None else _source_items(source), key_field)
+    event_log = DatagenHook(datagen_conn_id=datagen_conn_id).get_log(pipeline, experiment)
+    return status_of(event_log, None if source is None else _source_items(source), key_field)
 
 
 def _source_items(source: Any) -> Any:
+    # Deferred: see compute_status.
     from airflow_provider_datagen.core import read_source
 
     return list(read_source(source))
@@ -88,10 +101,17 @@ class DatagenStatusTrigger(BaseTrigger):
     ) -> None:
         super().__init__()
         if not isinstance(condition, str):
-            raise ConfigurationError("a deferrable datagen sensor needs a named condition, not a callable")
+            raise bad_argument(
+                self,
+                "condition",
+                condition,
+                "is not a condition name",
+                f"a deferrable datagen sensor needs one of {sorted(CONDITIONS)}: a callable cannot be serialized "
+                "into the triggerer",
+            )
         self.pipeline = pipeline
         self.experiment = experiment
-        self.condition = check_condition(condition)
+        self.condition = check_condition(self, condition)
         self.source = source
         self.key_field = key_field
         self.max_failed_items = max_failed_items

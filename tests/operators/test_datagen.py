@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import textwrap
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from airflow_provider_datagen.core.status import STATUS_KEYS
 from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, InvalidItemError
 from airflow_provider_datagen.operators.datagen import (
-    STATUS_KEYS,
     DatagenExportOperator,
     DatagenMapOperator,
     DatagenPlanOperator,
@@ -278,30 +279,33 @@ def test_mismatching_experiment_between_plan_and_map_fails_before_writing(
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"chunk_size": 0}, "chunk_size"),
-        ({"chunk_size": "10"}, "chunk_size"),
-        ({"pipeline": "../x"}, "pipeline"),
-        ({"experiment": ""}, "experiment"),
-        ({"source": 42}, "source"),
-        ({"key_field": ""}, "key_field"),
+        ({"chunk_size": 0}, "chunk_size=0 is not a positive int; give chunk_size an int of 1 or more"),
+        ({"chunk_size": "10"}, "chunk_size='10' is not a positive int; "),
+        ({"pipeline": "../x"}, "pipeline='../x' is not a valid name; pipeline name '../x' is not allowed"),
+        ({"experiment": ""}, "experiment='' is not a valid name; experiment name is empty"),
+        ({"source": 42}, "source=42 is a int, not a list of dicts or a path/URI string; "),
+        ({"key_field": ""}, "key_field='' is not a non-empty string; "),
     ],
 )
 def test_plan_operator_rejects_bad_arguments_at_parse_time(kwargs: dict[str, Any], needle: str) -> None:
     base: dict[str, Any] = {"task_id": "p", "pipeline": "ops", "experiment": "e", "source": _items()}
     base.update(kwargs)
-    with pytest.raises(ConfigurationError, match=needle):
+    # One message form for every argument error: "<Class>: <param>=<value!r> <problem>; <fix>".
+    with pytest.raises(ConfigurationError, match=f"^DatagenPlanOperator: {re.escape(needle)}"):
         DatagenPlanOperator(**base)
 
 
 def test_map_and_export_operators_reject_bad_arguments() -> None:
-    with pytest.raises(ConfigurationError, match="process"):
+    with pytest.raises(ConfigurationError, match=r"^DatagenMapOperator: process='no colon here' is not a callable"):
         DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process="no colon here", source=[])
-    with pytest.raises(ConfigurationError, match="checkpoint_every"):
+    with pytest.raises(ConfigurationError, match=r"^DatagenMapOperator: checkpoint_every=0 is not a positive int; "):
         DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print, source=[], checkpoint_every=0)
-    with pytest.raises(ConfigurationError, match="chunk"):
+    with pytest.raises(ConfigurationError, match=r"^DatagenMapOperator: chunk=None and source=None leave nothing"):
         DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print)
     for bad in (0, -1, True, "4", 2.0):
-        with pytest.raises(ConfigurationError, match="concurrency must be a positive int"):
+        with pytest.raises(
+            ConfigurationError, match=rf"^DatagenMapOperator: concurrency={re.escape(repr(bad))} is not a positive int"
+        ):
             DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print, source=[], concurrency=bad)
     # threads hand each completed step to the task's writer, so per-step commits work with them too
     per_step = DatagenMapOperator(
@@ -309,7 +313,9 @@ def test_map_and_export_operators_reject_bad_arguments() -> None:
     )
     assert (per_step.checkpoint_every, per_step.concurrency) == (1, 2)
     assert DatagenMapOperator(task_id="m", pipeline="ops", experiment="e", process=print, source=[]).concurrency == 1
-    with pytest.raises(ConfigurationError, match="relative"):
+    with pytest.raises(
+        ConfigurationError, match=r"^DatagenExportOperator: destination='out.lance' is a relative path; "
+    ):
         DatagenExportOperator(task_id="x", pipeline="ops", experiment="e", destination="out.lance")
 
 
@@ -341,11 +347,11 @@ def test_unknown_process_path_fails_the_task_naming_it(
     from airflow_provider_datagen.operators.datagen import resolve_process
 
     for bad, needle in (
-        ("tests._support.nope:fn", "cannot import module"),
-        ("tests._support.procs:missing", "has no attribute"),
-        ("tests._support.procs:not_callable", "not a callable"),
+        ("tests._support.nope:fn", "names a module it cannot import: module 'tests._support.nope'"),
+        ("tests._support.procs:missing", "names a missing attribute: module 'tests._support.procs' has no attribute"),
+        ("tests._support.procs:not_callable", "is a int, not a callable or a Step; "),
     ):
-        with pytest.raises(ConfigurationError, match=needle):
+        with pytest.raises(ConfigurationError, match=f"^DatagenMapOperator: process={re.escape(repr(bad))} {needle}"):
             resolve_process(bad)
     run = run_dag_file(
         _dag("ops_badproc", tmp_path, source=_items(3), experiment="badproc", process="tests._support.nope:fn"),

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from airflow_provider_datagen.core import CheckpointLog
-from airflow_provider_datagen.plugins.data import ExperimentRef, Reader, list_experiments
+from airflow_provider_datagen.core.store.paths import ExperimentRef, list_experiments
+from airflow_provider_datagen.plugins.data import Reader
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -12,8 +12,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from airflow_provider_datagen.core import run_items
+from airflow_provider_datagen.core.status import STATUS_KEYS
 from airflow_provider_datagen.exceptions import ConfigurationError
-from airflow_provider_datagen.operators.datagen import STATUS_KEYS
 from airflow_provider_datagen.sensors.datagen import DatagenStatusSensor, TooManyFailedItemsError
 from airflow_provider_datagen.triggers.datagen import DatagenStatusTrigger
 
@@ -149,12 +149,21 @@ def test_callable_condition_and_bad_arguments() -> None:
         task_id="w", pipeline="sens", experiment="callable", condition=lambda s: s["completed"] >= 3
     )
     assert sensor._holds(sensor._status())
-    with pytest.raises(ConfigurationError, match="condition"):
+    # One message form for every argument error: "<Class>: <param>=<value!r> <problem>; <fix>".
+    with pytest.raises(ConfigurationError, match=r"^DatagenStatusSensor: condition='sometimes' is unknown; use one of"):
         DatagenStatusSensor(task_id="w", pipeline="sens", experiment="e", condition="sometimes")
-    with pytest.raises(ConfigurationError, match="callable"):
+    with pytest.raises(
+        ConfigurationError, match=r"^DatagenStatusSensor: condition=<function .* cannot run in the triggerer"
+    ):
         DatagenStatusSensor(task_id="w", pipeline="sens", experiment="e", condition=lambda s: True, deferrable=True)
-    with pytest.raises(ConfigurationError, match="max_failed_items"):
+    with pytest.raises(
+        ConfigurationError, match=r"^DatagenStatusSensor: max_failed_items=-1 is not a non-negative int; "
+    ):
         DatagenStatusSensor(task_id="w", pipeline="sens", experiment="e", max_failed_items=-1)
+    with pytest.raises(
+        ConfigurationError, match=r"^DatagenStatusTrigger: condition=<function .* is not a condition name"
+    ):
+        DatagenStatusTrigger(pipeline="sens", experiment="e", condition=lambda s: True)  # type: ignore[arg-type]
 
 
 def test_trigger_serializes_to_its_dotted_path_and_reads_in_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:

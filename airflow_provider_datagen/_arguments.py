@@ -1,0 +1,68 @@
+"""Argument checks of the Airflow layer, with one message form for every bad argument.
+
+``<Class>: <param>=<value!r> <problem>; <fix>``, raised as
+:class:`~airflow_provider_datagen.exceptions.ConfigurationError` by operators, sensors and triggers
+(at DAG parse time where the value is known then, else when the task runs after templating).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
+
+_MAX_SHOWN = 200
+
+
+def _owner_name(owner: object) -> str:
+    if isinstance(owner, str):
+        return owner
+    if isinstance(owner, type):
+        return owner.__name__
+    return type(owner).__name__
+
+
+def bad_argument(owner: object, param: str, value: Any, problem: str, fix: str) -> ConfigurationError:
+    """The error for ``owner``'s argument ``param``: what is wrong with ``value`` and how to fix it.
+
+    :param owner: the class (or an instance of it, or its name) whose argument is bad.
+    """
+    shown = repr(value)
+    if len(shown) > _MAX_SHOWN:
+        shown = shown[:_MAX_SHOWN] + "…"
+    return ConfigurationError(f"{_owner_name(owner)}: {param}={shown} {problem}; {fix}")
+
+
+def is_template(value: Any) -> bool:
+    """Whether ``value`` is a Jinja template string, checked only once rendered (in ``execute``)."""
+    return isinstance(value, str) and "{{" in value
+
+
+def check_name_argument(owner: object, param: str, value: Any) -> Any:
+    """A pipeline or experiment name as given; a template is left for after rendering."""
+    # Deferred: core imports Lance, which DAG parsing must not pay for.
+    from airflow_provider_datagen.core.ids import check_name
+
+    if is_template(value):
+        return value
+    try:
+        return check_name(value, param)
+    except DatagenError as exc:
+        raise bad_argument(owner, param, value, "is not a valid name", str(exc)) from None
+
+
+def check_positive_int(owner: object, param: str, value: Any, *, allow_none: bool = False) -> Any:
+    """``value`` if it is an int of 1 or more (or ``None`` when allowed); bools are refused."""
+    if value is None and allow_none:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        fix = f"give {param} an int of 1 or more" + (" or None" if allow_none else "")
+        raise bad_argument(owner, param, value, "is not a positive int", fix)
+    return value
+
+
+def check_non_empty_str(owner: object, param: str, value: Any, fix: str) -> str:
+    """``value`` if it is a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise bad_argument(owner, param, value, "is not a non-empty string", fix)
+    return value
