@@ -91,4 +91,23 @@ def get_provider_info() -> dict:
             }
         ],
         "extra-links": ["airflow_provider_datagen.links.DatagenStatusLink"],
+        # The [datagen] options the provider reads; Airflow shows them in `airflow config list` and
+        # its configuration page with these defaults.
+        "config": {
+            "datagen": {
+                "description": "Options of the datagen provider's UI plugin.",
+                "options": {
+                    "ui_conn_id": {
+                        "description": (
+                            "The datagen connection whose root the Datagen UI pages list experiments from. "
+                            "Without that connection the pages use the embedded root $AIRFLOW_HOME/datagen."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "datagen_s3",
+                        "default": "datagen_default",
+                    },
+                },
+            },
+        },
     }

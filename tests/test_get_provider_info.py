@@ -83,3 +83,18 @@ def test_providers_manager_registers_hook_and_form_when_installed():
     assert hook.connection_id_attribute_name == "datagen_conn_id"
     assert "extra__datagen__storage_options" in manager.connection_form_widgets
     assert manager.field_behaviours["datagen"]["relabeling"] == {"host": "Root URI"}
+
+
+def test_the_ui_connection_option_is_declared_and_is_what_the_ui_reads(monkeypatch):
+    from airflow.providers_manager import ProvidersManager
+
+    from airflow_provider_datagen.plugins.data import conn_id
+
+    option = INFO["config"]["datagen"]["options"]["ui_conn_id"]
+    assert option["default"] == "datagen_default"
+    # Airflow collects the option from provider info: `airflow config list` and the config page show it.
+    declared = dict(ProvidersManager().provider_configs)["airflow-provider-datagen"]
+    assert declared["datagen"]["options"]["ui_conn_id"]["default"] == "datagen_default"
+    assert conn_id() == option["default"]
+    monkeypatch.setenv("AIRFLOW__DATAGEN__UI_CONN_ID", "datagen_s3")
+    assert conn_id() == "datagen_s3"
