@@ -53,3 +53,11 @@ class ProcessError(DatagenError):
 
 class ConfigurationError(DatagenError, ValueError):
     """An operator, hook or sensor argument is invalid; names the parameter."""
+
+
+class ItemFailedError(DatagenError):
+    """An item's processing raised and ``fail_fast`` was set."""
+
+
+class ProcessInterrupted(DatagenError):
+    """The user's function raised KeyboardInterrupt or SystemExit; acknowledged work was kept."""
