@@ -29,21 +29,16 @@ class Committer(Interpreter):
 
     def __init__(self, shared: RunShared, report: RunReport) -> None:
         super().__init__(shared, report)
-        policy = shared.policy
         #: acknowledgements (finished or failed items) in ``batch``
         self.acked = 0
         #: the count bound on acknowledgements: in pipelined pulls a pull holds at most ``group``
         #: items and commits the previous pull's acknowledgements with its inbox, so the pull is the
         #: count bound there and only the time bound flushes inside it
-        self.ack_bound = policy.group
-        # read on every item: held here rather than looked up through the shared policy each time
-        self._per_step = policy.per_step
-        self._interval = policy.interval
-        self._pipelined = policy.pipelined
+        self.ack_bound = shared.policy.group
 
     def flush(self) -> None:
         if len(self.batch):
-            n = self.shared.writer.commit(self.batch, wait=not self._pipelined)
+            n = self.shared.writer.commit(self.batch, wait=not self.shared.policy.pipelined)
             self.report.commits += 1
             self.report.events += n
         self.batch = self.new_batch()
@@ -54,19 +49,23 @@ class Committer(Interpreter):
     def maybe_flush(self, *, boundary: bool = False) -> None:
         if not self.batch._pending:
             return
+        shared = self.shared
         if (
             self.acked >= self.ack_bound
-            or (boundary and self._per_step and self.steps)
-            or time.monotonic() - self.shared.last_flush >= self._interval
+            or (boundary and shared.policy.per_step and self.steps)
+            or time.monotonic() - shared.last_flush >= shared.policy.interval
         ):
             self.flush()
 
     def _flush_due(self) -> bool:
         """:meth:`maybe_flush` at a step boundary, as a test: the per-item hot paths call it twice."""
-        return bool(self.batch._pending) and (
+        if not self.batch._pending:
+            return False
+        shared = self.shared
+        return (
             self.acked >= self.ack_bound
-            or (self._per_step and self.steps > 0)
-            or time.monotonic() - self.shared.last_flush >= self._interval
+            or (shared.policy.per_step and self.steps > 0)
+            or time.monotonic() - shared.last_flush >= shared.policy.interval
         )
 
     def pull(self, items: list[tuple[SourceItem, ItemState | None]]) -> None:
@@ -75,7 +74,7 @@ class Committer(Interpreter):
             return
         ids, fps = [src.item_id for src, _ in items], [src.fingerprint for src, _ in items]
         pv = self.shared.processor_version
-        if self._pipelined:
+        if self.shared.policy.pipelined:
             # The previous pull's acknowledgements ride in the same commit: one append per pull, and
             # the inbox never waits behind an acknowledgement still being written.
             self.batch._created_many(ids, fps, pv)
