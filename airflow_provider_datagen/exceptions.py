@@ -65,3 +65,11 @@ class TooManyFailedItemsError(DatagenError):
 
 class NotFoundError(DatagenError):
     """An experiment, item or blob the UI was asked for does not exist; the message says what."""
+
+
+class ItemFailedError(DatagenError):
+    """An item's processing raised and ``fail_fast`` was set."""
+
+
+class ProcessInterrupted(DatagenError):
+    """The user's function raised KeyboardInterrupt or SystemExit; acknowledged work was kept."""

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_datagen.core import run_items
-from airflow_provider_datagen.core.runner import _Runner
+from airflow_provider_datagen.core.runner.driver import Runner as _Runner
 from tests._support.engine import open_log, raw_events
 
 BEHAVIOURS = [

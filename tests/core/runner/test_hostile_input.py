@@ -50,15 +50,16 @@ from airflow_provider_datagen.core import (
 )
 from airflow_provider_datagen.core.events import BlobRef
 from airflow_provider_datagen.core.export import collect_results
-from airflow_provider_datagen.core.runner import ItemFailedError, ProcessInterrupted
 from airflow_provider_datagen.core.schema import EVENT_SCHEMA
 from airflow_provider_datagen.exceptions import (
     ConfigurationError,
     DatagenError,
     InvalidItemError,
     InvalidNameError,
+    ItemFailedError,
     LogCorruptedError,
     LogWriteError,
+    ProcessInterrupted,
     SchemaVersionError,
 )
 

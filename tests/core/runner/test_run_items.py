@@ -21,7 +21,6 @@ from airflow_provider_datagen.core import (
     plan_resume,
     run_items,
 )
-from airflow_provider_datagen.core.runner import ItemFailedError, ProcessInterrupted
 from airflow_provider_datagen.core.schema import EventType
 from airflow_provider_datagen.exceptions import (
     DatagenError,
@@ -29,7 +28,9 @@ from airflow_provider_datagen.exceptions import (
     InvalidItemError,
     InvalidPipelineError,
     InvalidValueError,
+    ItemFailedError,
     ProcessError,
+    ProcessInterrupted,
 )
 from tests._support.engine import (
     Crash,

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_datagen.core import CheckpointLog, Loop, MapReduce, Sequence, Step, run_items
-from airflow_provider_datagen.core.runner import MIN_PULL, ItemFailedError
-from airflow_provider_datagen.exceptions import InvalidEventError
+from airflow_provider_datagen.core.runner import MIN_PULL
+from airflow_provider_datagen.exceptions import InvalidEventError, ItemFailedError
 from tests._support.engine import (
     Crash,
     flat_output,

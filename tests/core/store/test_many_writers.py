@@ -289,7 +289,7 @@ def test_an_acknowledged_item_never_looks_pending_again(tmp_path: Path, b_dies_a
     fence A's later events: x reads as running again until B acknowledges it, and for good if B dies in
     between, so the next run redoes acknowledged work. Readers and sensors see the completed count drop.
     """
-    from airflow_provider_datagen.core.runner import _Runner
+    from airflow_provider_datagen.core.runner.driver import Runner as _Runner
 
     items = [{"id": "x", "n": 1}]
     calls: list[str] = []

@@ -1,0 +1,174 @@
+"""What a step function sees besides its item (:class:`ItemContext`), and one item being driven (:class:`WorkItem`).
+
+A replayed item starts from the fields, field modes and frames its unacknowledged attempt recorded,
+so its steps see what they saw before the crash (see docs/design.md, Resume).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_datagen.core.events import BlobRef, encode_value
+from airflow_provider_datagen.core.ids import check_field_name
+from airflow_provider_datagen.core.schema import ItemStatus
+from airflow_provider_datagen.exceptions import InvalidEventError, ProcessError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from collections.abc import Set as AbstractSet
+
+    from airflow_provider_datagen.core.events import StepCoord
+    from airflow_provider_datagen.core.fold import ItemState
+
+#: a fresh item's fields and field modes: read-only here (ItemContext copies modes before writing)
+NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
+
+
+class ItemContext:
+    """What a step function sees besides the item: identity, attempt, folded fields, emitters."""
+
+    # Most steps never write through the context: these start as shared class defaults and become
+    # the instance's own on first use (one context is built per step and item).
+    _own_modes = False
+    _ops: list[tuple[str, str, Any]] | tuple[()] = ()
+    _filtered: tuple[bool, Any] = (False, None)
+    _emissions: dict[str, int] | None = None
+
+    def __init__(
+        self,
+        item_id: str,
+        key: str,
+        input_fingerprint: str,
+        attempt: int,
+        fields: Mapping[str, Any],
+        coord: StepCoord,
+        modes: Mapping[str, str],
+    ) -> None:
+        self.item_id = item_id
+        self.key = key
+        self.input_fingerprint = input_fingerprint
+        self.attempt = attempt
+        # A read-only view: a step that assigned into it would change later steps of this run but not
+        # of a resumed one, breaking resumed == uninterrupted. Fields change through set/append only.
+        self.fields: Mapping[str, Any] = MappingProxyType(fields) if isinstance(fields, dict) else fields
+        self.step = coord.step
+        self.iteration = coord.iteration
+        self._coord = coord
+        # Copied on the first write only: most steps set no new field, and a failed step's modes
+        # must not leak into the item's.
+        self._modes = modes
+
+    def _mode_check(self, name: str, mode: str) -> None:
+        prev = self._modes.get(name)
+        if prev is not None and prev != mode:
+            raise InvalidEventError(
+                f"item {self.item_id!r}: field {name!r} is written with {prev} and cannot take {mode}; "
+                "use ctx.set or ctx.append consistently for one field"
+            )
+        if prev is None:
+            if not self._own_modes:
+                self._modes = dict(self._modes)
+                self._own_modes = True
+            self._modes[name] = mode  # type: ignore[index]  # our own dict since the copy above
+
+    def set(self, name: str, value: Any) -> None:
+        """Set a field (FIELD_SET), checkpointed with this step."""
+        check_field_name(name, error=ProcessError, where=f"item {self.item_id!r}: ctx.set got")
+        encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
+        self._mode_check(name, "set")
+        self._op(("set", name, value))
+
+    def append(self, name: str, value: Any) -> None:
+        """Append to a field (FIELD_APPEND), checkpointed with this step."""
+        check_field_name(name, error=ProcessError, where=f"item {self.item_id!r}: ctx.append got")
+        encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
+        self._mode_check(name, "append")
+        self._op(("append", name, value))
+
+    def _op(self, op: tuple[str, str, Any]) -> None:
+        if self._ops:
+            self._ops.append(op)  # non-empty: the list made below
+        else:
+            self._ops = [op]
+
+    def filter(self, reason: Any = None) -> None:
+        """Finish the item as ``filtered`` after this step (a terminal state, never retried)."""
+        if reason is not None:
+            enc = encode_value(reason, what=f"filter reason of item {self.item_id!r}")
+            if enc.json_text is None:
+                raise InvalidEventError(f"item {self.item_id!r}: a filter reason must be small JSON")
+        self._filtered = (True, reason)
+
+    def idempotency_key(self, name: str) -> str:
+        """A key for an external side effect, equal on every replay of the same work.
+
+        Derived from the input fingerprint, the step coordinates and the emission index, never from
+        time or attempt, so a receiver can drop the duplicate of an emission replayed after a crash.
+        """
+        if self._emissions is None:
+            self._emissions = {}
+        n = self._emissions.get(name, 0)
+        self._emissions[name] = n + 1
+        c = self._coord
+        text = "\x1f".join(
+            str(p)
+            for p in (
+                self.item_id,
+                self.input_fingerprint,
+                c.enclosing_step,
+                c.step,
+                c.iteration,
+                c.fanout_index,
+                name,
+                n,
+            )
+        )
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """One item (root or fan-out child) being driven through its pipeline in this run."""
+
+    item_id: str
+    key: str
+    data: dict[str, Any]
+    fingerprint: str
+    state: ItemState | None
+    children: dict[str, ItemState]
+    fields: dict[str, Any] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)
+    completed: set[tuple[Any, ...]] = field(default_factory=set)
+    open: set[tuple[Any, ...]] = field(default_factory=set)
+    #: recorded frames as (enclosing_step, step) pairs: which branch a selector took before a crash
+    #: (only read during a run: a fresh item shares the empty one)
+    frames: AbstractSet[tuple[str | None, str | None]] = frozenset()
+    attempt: int = 1
+
+    @classmethod
+    def start(
+        cls, item_id: str, key: str, data: dict[str, Any], fp: str, state: ItemState | None, children: Any
+    ) -> WorkItem:
+        it = cls(item_id, key, data, fp, state, children)
+        if state is not None and state.status is ItemStatus.RUNNING and state.input_fingerprint == fp:
+            it.fields = loaded_fields(state.fields)
+            it.modes = dict(state.field_modes)
+            it.completed = {c.coord.frame_key for c in state.completed_steps}
+            it.open = {c.frame_key for c in state.open_frames}
+            coords = [*(c.coord for c in state.completed_steps), *state.open_frames]
+            it.frames = {(c.enclosing_step, c.step) for c in coords}
+            it.attempt = state.failures + 1
+        return it
+
+
+def loaded_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Folded fields with blob-stored values read back: a replay must see what the first run saw."""
+
+    def load(v: Any) -> Any:
+        return v.load() if isinstance(v, BlobRef) else v
+
+    # one level only (an appended field is a list of values): values may nest as deep as JSON allows
+    return {k: [load(x) for x in v] if isinstance(v, list) else load(v) for k, v in fields.items()}

@@ -1,0 +1,127 @@
+"""The main thread's runner: drives root items and acknowledges each with its TERMINAL.
+
+:meth:`Runner.run_root` is the general driver; :meth:`Runner.run_fresh_leaf` is its short path for
+a fresh item of a one-step pipeline (a process function), which is most items of most runs.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_datagen.core.fold import fold_events
+from airflow_provider_datagen.core.runner.commit import Committer
+from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
+from airflow_provider_datagen.core.runner.failures import on_failure
+from airflow_provider_datagen.core.runner.interpreter import COMPLETED, FILTERED
+from airflow_provider_datagen.core.runner.signals import StepFailure
+from airflow_provider_datagen.core.schema import EventType, ItemStatus
+
+if TYPE_CHECKING:
+    from airflow_provider_datagen.core.events import StepCoord
+    from airflow_provider_datagen.core.fold import ItemState
+    from airflow_provider_datagen.core.log import CheckpointLog
+    from airflow_provider_datagen.core.sources import SourceItem
+    from airflow_provider_datagen.core.steps import Step
+
+_TERMINAL = EventType.TERMINAL.value
+
+
+class Runner(Committer):
+    """Drives a run's root items on the main thread, the only thread that writes the log."""
+
+    @property
+    def log(self) -> CheckpointLog:
+        """The event log this run writes to."""
+        return self.shared.log
+
+    def run_root(self, src: SourceItem, state: ItemState | None, replayed: bool, *, history: bool = False) -> None:
+        children: dict[str, ItemState] = {}
+        has_fanout = self.shared.has_fanout
+        if has_fanout:
+            self._known_children.clear()
+        if has_fanout and (history or (state is not None and state.status is ItemStatus.RUNNING)):
+            # A restarted root (demoted, edited) has children in the log too: their sequences must be
+            # known before the new generation appends to them.
+            children = self.children_states(src.item_id)
+        item = WorkItem.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
+        if replayed:
+            self.report.replayed.append(src.item_id)
+        try:
+            status, reason = self._drive(item, self.shared.pipeline, None, None, None)
+        except BaseException as exc:
+            on_failure(self, item, exc)
+            return
+        self.acknowledge(item.item_id, status, reason)
+
+    def acknowledge(self, item_id: str, status: str, reason: Any) -> None:
+        """Stage a finished root's TERMINAL: the acknowledgement its next commit makes durable."""
+        self.batch.terminal(item_id, status=status, reason=reason)
+        self.acked += 1
+        self.report.processed.append(item_id)
+        if self._flush_due():
+            self.flush()
+
+    def run_fresh_leaf(self, src: SourceItem, replayed: bool) -> None:
+        """:meth:`run_root` for an item with no state when the pipeline is one step (a process function).
+
+        The same events in the same order as the general driver, without its per-item frame sets and
+        dispatch: the profile of a no-op run showed them costing more than the item's log writes.
+        """
+        step, coord, shape, done = self._leaf
+        iid = src.item_id
+        if replayed:
+            self.report.replayed.append(iid)
+        ctx = ItemContext(iid, src.key, src.fingerprint, 1, NO_FIELDS, coord, NO_FIELDS)
+        self.report.invocations += 1
+        try:
+            result = step.fn(src.data, ctx)
+            sets = self._check_result_of(iid, step, result) if result is not None else NO_FIELDS
+            for name in sets:
+                ctx._mode_check(name, "set")
+        except BaseException as exc:
+            on_failure(self, self._bare_item(src), StepFailure(iid, coord, exc))
+            return
+        filtered, reason = ctx._filtered
+        try:
+            if ctx._ops or sets:
+                self._stage_delta(iid, coord.step, sets, ctx._ops)
+            # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
+            self.batch._shaped(iid, shape, None if filtered else done)
+        except BaseException as exc:
+            on_failure(self, self._bare_item(src), exc)
+            return
+        self.steps += 1
+        if filtered:
+            self.batch.terminal(iid, status=FILTERED, reason=reason)
+        self.acked += 1
+        self.report.processed.append(iid)
+        if self._flush_due():
+            self.flush()
+
+    @cached_property
+    def _leaf(self) -> tuple[Step, StepCoord, Any, Any]:
+        """The one step, its coordinates, and the shapes of its STEP_COMPLETED and of TERMINAL(completed)."""
+        pipeline = self.shared.pipeline
+        site = self._coord(pipeline, None, None, None)
+        done = self.shared.writer._shape(_TERMINAL, None, None, None, None, None, None, None, COMPLETED)
+        return pipeline, site.coord, site.shape, done
+
+    @staticmethod
+    def _bare_item(src: SourceItem) -> WorkItem:
+        return WorkItem(src.item_id, src.key, src.data, src.fingerprint, None, {})
+
+    def children_states(self, root_id: str) -> dict[str, ItemState]:
+        """The folded states of a root's fan-out children in the log, primed into the writer."""
+        shared = self.shared
+        events = shared.log.subtree_copies(root_id)  # fencing needs every copy's epoch
+        by_item: dict[str, list[Any]] = {}
+        for ev in events:
+            if ev.item_id != root_id:
+                by_item.setdefault(ev.item_id, []).append(ev)
+        states = {iid: fold_events(iid, evs, shared.log.load_blob) for iid, evs in by_item.items()}
+        for iid, st in states.items():
+            shared.writer.prime(
+                iid, last_seq=st.last_seq, input_fingerprint=st.input_fingerprint, field_modes=st.field_modes
+            )
+        return states

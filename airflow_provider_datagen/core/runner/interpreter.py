@@ -1,0 +1,410 @@
+"""The step interpreter: drives one item through its step graph, staging its events into a batch.
+
+Both the main thread's runner (driver.py) and a worker thread's (threads.py) are interpreters; they
+differ only in what a checkpoint is (``flush``: commit it, or hand it to the main thread) and when
+one is due. Replay follows docs/design.md, Resume: a completed frame is skipped, an open one is
+re-entered, and a selector takes the branch its recorded frames name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from airflow_provider_datagen.core.events import StepCoord, encode_value, fingerprint_of
+from airflow_provider_datagen.core.ids import check_field_name, child_item_id
+from airflow_provider_datagen.core.log import Batch
+from airflow_provider_datagen.core.runner.context import ItemContext, WorkItem, loaded_fields
+from airflow_provider_datagen.core.runner.shared import StepSite
+from airflow_provider_datagen.core.runner.signals import Filtered, StepFailure
+from airflow_provider_datagen.core.schema import FANOUT_KINDS, EventType, ItemStatus, StepKind
+from airflow_provider_datagen.core.steps import (
+    Branch,
+    Conditional,
+    Loop,
+    MapReduce,
+    Router,
+    Sequence,
+    Step,
+    SubPipeline,
+)
+from airflow_provider_datagen.exceptions import ProcessError
+
+if TYPE_CHECKING:
+    from airflow_provider_datagen.core.runner.report import RunReport
+    from airflow_provider_datagen.core.runner.shared import RunShared
+
+COMPLETED = ItemStatus.COMPLETED.value
+FILTERED = ItemStatus.FILTERED.value
+_STEP_COMPLETED = EventType.STEP_COMPLETED.value
+#: long loops: the cache of step sites is cleared at this size to stay bounded
+_MAX_SITES = 10_000
+
+
+class ChildJob(NamedTuple):
+    """A fan-out child to drive: where it goes among its siblings, its body, and its ITEM_CREATED."""
+
+    fanout_index: int
+    child: WorkItem
+    body: Step
+    #: the keyword arguments of the child's ITEM_CREATED, or None when the child resumes
+    created: dict[str, Any] | None
+
+
+class Interpreter:
+    """Drives items through the pipeline into ``self.batch``; subclasses decide what a checkpoint is."""
+
+    def __init__(self, shared: RunShared, report: RunReport, known_children: set[str] | None = None) -> None:
+        self.shared = shared
+        self.report = report
+        self.batch = self.new_batch()
+        #: steps completed into ``batch`` since the last checkpoint (``checkpoint_every=1`` flushes them)
+        self.steps = 0
+        #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out)
+        self._known_children: set[str] = set() if known_children is None else known_children
+
+    def new_batch(self) -> Batch:
+        return Batch(self.shared.writer)
+
+    # --- what subclasses decide ----------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Make the events staged so far a checkpoint."""
+        raise NotImplementedError
+
+    def _flush_due(self) -> bool:
+        """Whether a checkpoint is due at this step boundary."""
+        raise NotImplementedError
+
+    def _children_in_pool(self) -> bool:
+        """Whether this item's fan-out children run in the child pool (:meth:`_run_children`)."""
+        return False
+
+    def _run_children(self, jobs: list[ChildJob], path: str, fields: list[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    # --- driving -------------------------------------------------------------------------------
+
+    def _ctx(self, item: WorkItem, coord: StepCoord) -> ItemContext:
+        return ItemContext(item.item_id, item.key, item.fingerprint, item.attempt, item.fields, coord, item.modes)
+
+    def _drive(
+        self,
+        item: WorkItem,
+        step: Step,
+        enclosing: str | None,
+        iteration: int | None,
+        selector: str | None,
+    ) -> tuple[str, Any]:
+        """Run ``step`` for ``item``; returns the terminal status and filter reason."""
+        try:
+            self._run(item, step, enclosing, iteration, selector)
+        except Filtered as f:
+            return FILTERED, f.reason
+        return COMPLETED, None
+
+    def _coord(self, step: Step, enclosing: str | None, iteration: int | None, selector: str | None) -> StepSite:
+        shared = self.shared
+        key = (id(step), enclosing, iteration, selector)
+        hit = shared.sites.get(key)
+        if hit is None:
+            coord = StepCoord(step.name, type(step).kind.value, enclosing, iteration, None, selector)
+            writer = shared.writer
+            shape = writer._shape(
+                _STEP_COMPLETED,
+                coord.step or "",
+                coord.step_kind,
+                coord.enclosing_step,
+                coord.iteration,
+                coord.fanout_index,
+                coord.selector_step,
+                shared.processor_version or writer.processor_version,
+                None,
+            )
+            hit = StepSite(coord, coord.frame_key, f"{enclosing}/{step.name}" if enclosing else step.name, shape)
+            if len(shared.sites) >= _MAX_SITES:
+                shared.sites.clear()
+            shared.sites[key] = hit
+        return hit
+
+    def _run(
+        self, item: WorkItem, step: Step, enclosing: str | None, iteration: int | None, selector: str | None
+    ) -> None:
+        coord, frame, path, shape = self._coord(step, enclosing, iteration, selector)
+        if type(step) is Step:
+            self._run_leaf(item, step, coord, frame, shape)
+        elif isinstance(step, Sequence):
+            if frame in item.completed:
+                return
+            self._start_frame(item, coord)
+            for child in step.steps:
+                self._run(item, child, path, iteration, None)
+            self._complete(item, coord, {}, [], frame, shape)
+        elif isinstance(step, Loop):
+            self._run_loop(item, step, enclosing, selector, path)
+        elif isinstance(step, (MapReduce, Branch, SubPipeline)):
+            self._run_fanout(item, step, coord, path)
+        elif isinstance(step, Conditional):
+            options = [c for c in (step.then, step.otherwise) if c is not None]
+            chosen = self._recorded_choice(item, options, enclosing)
+            if chosen is None:
+                ctx = self._ctx(item, coord)
+                chosen = step.then if self._call(item, coord, step.predicate, item.data, ctx) else step.otherwise
+            if chosen is not None:
+                self._run(item, chosen, enclosing, iteration, step.name)
+        elif isinstance(step, Router):
+            target = self._recorded_choice(item, list(step.routes.values()), enclosing)
+            name: Any = target.name if target is not None else None
+            if target is None:
+                ctx = self._ctx(item, coord)
+                name = self._call(item, coord, step.route, item.data, ctx)
+                target = step.routes.get(str(name)) or (step.routes[step.default] if step.default else None)
+            if target is None:
+                raise StepFailure(
+                    item.item_id,
+                    coord,
+                    ProcessError(
+                        f"item {item.item_id!r}: router {step.name!r} chose {name!r}, which is not one of "
+                        f"{sorted(step.routes)}; add the route or a default"
+                    ),
+                )
+            self._run(item, target, enclosing, iteration, step.name)
+        else:
+            self._run_leaf(item, step, coord, frame, shape)
+
+    def _call(self, item: WorkItem, coord: StepCoord, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call a selector or fan-out callable; its error fails the item at this step's coordinates."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise StepFailure(item.item_id, coord, exc) from exc
+
+    def _recorded_choice(self, item: WorkItem, options: list[Step], enclosing: str | None) -> Step | None:
+        """The branch a selector took before a crash, rebuilt from the recorded frames of its subtree.
+
+        Re-asking the predicate on replay would see fields written *after* the choice and could take
+        the other branch too; step names are unique, so a recorded frame names its branch.
+        """
+        if not item.frames:
+            return None
+        known = self.shared.names
+        for option in options:
+            names = known.get(id(option))
+            if names is None:
+                names = known[id(option)] = step_names(option)
+            for enc, name in item.frames:
+                if name in names and (enclosing is None or enc == enclosing or (enc or "").startswith(enclosing + "/")):
+                    return option
+        return None
+
+    def _start_frame(self, item: WorkItem, coord: StepCoord) -> None:
+        if coord.frame_key not in item.open:
+            self.batch.step_started(
+                item.item_id,
+                step=coord.step or "",
+                step_kind=coord.step_kind or StepKind.SEQUENCE.value,
+                enclosing_step=coord.enclosing_step,
+                iteration=coord.iteration,
+                fanout_index=coord.fanout_index,
+                selector_step=coord.selector_step,
+            )
+            item.open.add(coord.frame_key)
+
+    def _complete(
+        self,
+        item: WorkItem,
+        coord: StepCoord,
+        sets: Mapping[str, Any],
+        ops: Iterable[tuple[str, str, Any]],
+        frame: Any = None,
+        shape: Any = None,
+    ) -> None:
+        """Stage a step's field delta and its STEP_COMPLETED together (one checkpoint unit)."""
+        b = self.batch
+        self._stage_delta(item.item_id, coord.step, sets, ops)
+        for op, name, value in ops:
+            if op == "set":
+                item.fields[name] = value
+            else:
+                prev = item.fields.get(name) if item.modes.get(name) == "append" else None
+                item.fields[name] = [*(prev or []), value]
+            item.modes[name] = op
+        for name, value in sets.items():
+            item.fields[name] = value
+            item.modes[name] = "set"
+        if shape is not None:
+            b._shaped(item.item_id, shape)
+        else:
+            b.step_completed(
+                item.item_id,
+                step=coord.step or "",
+                processor_version=self.shared.processor_version,
+                step_kind=coord.step_kind,
+                enclosing_step=coord.enclosing_step,
+                iteration=coord.iteration,
+                fanout_index=coord.fanout_index,
+                selector_step=coord.selector_step,
+            )
+        if frame is None:
+            frame = coord.frame_key
+        item.completed.add(frame)
+        item.open.discard(frame)
+        self.steps += 1
+
+    def _stage_delta(
+        self, item_id: str, step: str | None, sets: Mapping[str, Any], ops: Iterable[tuple[str, str, Any]]
+    ) -> None:
+        """A step's field events: its ``ctx.set``/``ctx.append`` calls in order, then its returned fields."""
+        b = self.batch
+        for op, name, value in ops:
+            if op == "set":
+                b.field_set(item_id, name, value, step=step)
+            else:
+                b.field_append(item_id, name, value, step=step)
+        for name, value in sets.items():
+            b.field_set(item_id, name, value, step=step)
+
+    def _run_leaf(self, item: WorkItem, step: Step, coord: StepCoord, frame: Any, shape: Any) -> None:
+        if frame in item.completed:
+            return
+        # checkpoint_every=1: completed steps become durable before the next step runs. Checking here
+        # rather than after each step keeps an item's last step, its TERMINAL and its field deltas in
+        # one commit (the ack), as the contract says.
+        if self._flush_due():
+            self.flush()
+        ctx = self._ctx(item, coord)
+        self.report.invocations += 1
+        try:
+            result = step.fn(item.data, ctx)
+            sets = self._check_result(item, step, result)
+            if sets:
+                for name in sets:
+                    ctx._mode_check(name, "set")
+        except Exception as exc:
+            raise StepFailure(item.item_id, coord, exc) from exc
+        except BaseException as exc:
+            raise StepFailure(item.item_id, coord, exc) from exc
+        self._complete(item, coord, sets, ctx._ops, frame, shape)
+        if ctx._filtered[0]:
+            raise Filtered(ctx._filtered[1])
+
+    def _check_result(self, item: WorkItem, step: Step, result: Any) -> dict[str, Any]:
+        return {} if result is None else self._check_result_of(item.item_id, step, result)
+
+    @staticmethod
+    def _check_result_of(item_id: str, step: Step, result: Any) -> dict[str, Any]:
+        if not isinstance(result, Mapping):
+            raise ProcessError(
+                f"item {item_id!r}: step {step.name!r} returned a {type(result).__name__}; return a dict "
+                "of fields (or None) from the process function"
+            )
+        out: dict[str, Any] = {}
+        for name, value in result.items():
+            check_field_name(name, error=ProcessError, where=f"item {item_id!r}: step {step.name!r} returned")
+            encode_value(value, what=f"field {name!r} returned by step {step.name!r} for item {item_id!r}")
+            out[name] = value
+        return out
+
+    def _run_loop(self, item: WorkItem, step: Loop, enclosing: str | None, selector: str | None, path: str) -> None:
+        for i in range(step.max_iterations):
+            coord = StepCoord(step.name, StepKind.LOOP.value, enclosing, i, None, selector)
+            if coord.frame_key in item.completed:
+                continue
+            # Only decide to stop where the original run would have: before an unstarted iteration.
+            if step.until is not None and i > 0 and coord.frame_key not in item.open and step.until(item.fields):
+                return
+            self._start_frame(item, coord)
+            self._run(item, step.body, f"{path}#{i}", i, None)
+            self._complete(item, coord, {}, [])
+
+    def _run_fanout(self, item: WorkItem, step: Step, coord: StepCoord, path: str) -> None:
+        if coord.frame_key in item.completed:
+            return
+        pv = self.shared.processor_version
+        ctx = self._ctx(item, coord)
+        if isinstance(step, MapReduce):
+            inputs = self._call(item, coord, lambda: [dict(x) for x in step.over(item.data, ctx)])
+            bodies: list[Step] = [step.map] * len(inputs)
+        elif isinstance(step, Branch):
+            inputs = [item.data] * len(step.branches)
+            bodies = list(step.branches)
+        else:
+            assert isinstance(step, SubPipeline)
+            make_input = step.input
+            inputs = [self._call(item, coord, lambda: dict(make_input(item.data, ctx))) if make_input else item.data]
+            bodies = [step.pipeline]
+        children_fields: list[dict[str, Any]] = [{} for _ in inputs]
+        # an item on a worker thread, root or child (the main thread's own replays stay sequential)
+        parallel = self._children_in_pool()
+        jobs: list[ChildJob] = []
+        for idx, (child_input, body) in enumerate(zip(inputs, bodies)):
+            cid = child_item_id(item.item_id, step.name, idx)
+            fp = fingerprint_of(child_input)
+            cstate = item.children.get(cid)
+            if (
+                cstate is not None
+                and cstate.is_done
+                and cstate.input_fingerprint == fp
+                and cstate.processor_version == pv
+            ):
+                children_fields[idx] = loaded_fields(cstate.fields)
+                continue
+            resumable = (
+                cstate is not None
+                and cstate.status is ItemStatus.RUNNING
+                and cstate.input_fingerprint == fp
+                and cstate.processor_version == pv
+            )
+            created: dict[str, Any] | None = None
+            if resumable:
+                child = WorkItem.start(cid, item.key, child_input, fp, cstate, item.children)
+            else:
+                if cstate is None and cid not in self._known_children:
+                    self.shared.writer.prime(cid, last_seq=-1)
+                child = WorkItem(cid, item.key, child_input, fp, None, item.children)
+                created = {
+                    "input_fingerprint": fp,
+                    "processor_version": pv,
+                    "parent_item_id": item.item_id,
+                    "step": step.name,
+                    "step_kind": type(step).kind.value,
+                    "enclosing_step": coord.enclosing_step,
+                    "fanout_index": idx,
+                    "selector_step": coord.selector_step,
+                }
+            # From here on the writer tracks the child's sequence; a Loop running this fan-out again
+            # starts a new generation of the same child id after it, never over it.
+            self._known_children.add(cid)
+            item.children.pop(cid, None)
+            if parallel:
+                jobs.append(ChildJob(idx, child, body, created))
+                continue
+            if created is not None:
+                self.batch.item_created(cid, **created)
+            status, reason = self._drive(child, body, path, None, None)
+            self.batch.terminal(cid, status=status, reason=reason)
+            children_fields[idx] = dict(child.fields)
+        if jobs:
+            self._run_children(jobs, path, children_fields)
+        sets: dict[str, Any] = {}
+        try:
+            reduce = getattr(step, "reduce", None)
+            if reduce is not None:
+                self.report.invocations += 1
+                sets = self._check_result(item, step, reduce(children_fields, ctx))
+            else:
+                for f in children_fields:
+                    sets.update(f)
+        except Exception as exc:
+            raise StepFailure(item.item_id, coord, exc) from exc
+        self._complete(item, coord, sets, [])
+
+
+def step_names(step: Step) -> set[str]:
+    """The names of ``step`` and of every step below it."""
+    return {step.name}.union(*(step_names(c) for c in step.children()))
+
+
+def has_fanout(step: Step) -> bool:
+    """Whether the graph under ``step`` holds a fan-out (its children need log reads and a pool)."""
+    return type(step).kind in FANOUT_KINDS or any(has_fanout(c) for c in step.children())

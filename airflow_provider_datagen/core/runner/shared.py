@@ -1,0 +1,138 @@
+"""What the main thread's runner and its item workers share for one run: :class:`RunShared`.
+
+The main thread is the only writer of the log; workers (see threads.py) drive items into their own
+buffers and reach everything else through this one object, never through a copy of the runner.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from airflow_provider_datagen.core.events import StepCoord
+    from airflow_provider_datagen.core.log import Batch, CheckpointLog, LogWriter
+    from airflow_provider_datagen.core.steps import Step
+
+#: Group commit defaults when ``checkpoint_every`` is None: ack every N items or T seconds.
+DEFAULT_GROUP_ITEMS = 4096
+DEFAULT_GROUP_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class CommitPolicy:
+    """When acknowledgements are committed (see docs/design.md, Resume: group commit)."""
+
+    #: the count bound: acknowledge this many items per commit
+    group: int
+    #: ``checkpoint_every=1``: every step boundary is a checkpoint too
+    per_step: bool
+    #: default group commit: the next items run while an append is written and fsynced (an
+    #: unacknowledged item is redone after a crash either way); an explicit ``checkpoint_every=N``
+    #: asks for a cadence, so each of its commits lands before the run goes on
+    pipelined: bool
+    #: the time bound, in seconds
+    interval: float
+
+    @classmethod
+    def of(cls, checkpoint_every: int | None, checkpoint_interval: float) -> CommitPolicy:
+        return cls(
+            group=checkpoint_every or DEFAULT_GROUP_ITEMS,
+            per_step=checkpoint_every == 1,
+            pipelined=checkpoint_every is None,
+            interval=checkpoint_interval,
+        )
+
+
+class StepSite(NamedTuple):
+    """What the interpreter needs for one step at one place in the graph, the same for every item."""
+
+    coord: StepCoord
+    frame: Any
+    #: the enclosing path children of this step are run under
+    path: str
+    #: the STEP_COMPLETED shape ``Batch.step_completed`` would build for these coordinates
+    shape: Any
+
+
+class FlushRequest:
+    """One worker's buffer of completed steps, waiting for the main thread to commit it."""
+
+    __slots__ = ("batch", "done", "error")
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class Handoff:
+    """How workers hand mid-item progress to the main thread, and what wakes the main thread.
+
+    The main thread waits for either a finished item or a flush request; ``close`` refuses further
+    requests and returns the unserved ones, so no worker waits for a thread that stopped serving.
+    """
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self._lock = threading.Lock()
+        self._requests: list[FlushRequest] = []
+        self._closed = False
+
+    def post(self, request: FlushRequest) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._requests.append(request)
+        self.wake.set()
+        return True
+
+    def take(self) -> list[FlushRequest]:
+        with self._lock:
+            taken, self._requests = self._requests, []
+        return taken
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> list[FlushRequest]:
+        with self._lock:
+            self._closed = True
+            taken, self._requests = self._requests, []
+        return taken
+
+
+@dataclass(eq=False)
+class RunShared:
+    """The run's configuration, caches and coordination, referenced by the runner and every worker.
+
+    Caches are safe under the GIL: ``sites``/``names`` and the writer's shape caches only ever get a
+    key set to an equal value (or cleared).
+    """
+
+    log: CheckpointLog
+    writer: LogWriter
+    pipeline: Step
+    processor_version: str
+    policy: CommitPolicy
+    fail_fast: bool
+    #: exception types that end the run instead of failing one item
+    reraise: tuple[type[BaseException], ...]
+    has_fanout: bool
+    #: when the main thread last committed: a worker hands its progress over on the same time bound
+    last_flush: float = field(default_factory=time.monotonic)
+    #: (id(step), enclosing, iteration, selector) -> its StepSite
+    sites: dict[tuple[int, str | None, int | None, str | None], StepSite] = field(default_factory=dict)
+    #: id(step) -> the names of the step and its descendants
+    names: dict[int, set[str]] = field(default_factory=dict)
+    #: with concurrency: how workers hand their items' progress to the main thread
+    handoff: Handoff = field(default_factory=Handoff)
+    #: with concurrency and a fan-out: the pool a root's children run in, and the permits that keep
+    #: the threads running user code at ``concurrency`` (a root waiting for its children holds none)
+    child_pool: ThreadPoolExecutor | None = None
+    permits: threading.Semaphore | None = None

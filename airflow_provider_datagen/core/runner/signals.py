@@ -1,0 +1,29 @@
+"""Control-flow signals inside the runner, never raised to the user (user-facing errors live in exceptions.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_provider_datagen.core.events import StepCoord
+
+
+class Filtered(Exception):
+    """A step called ``ctx.filter``: unwinds the item's drive to finish it as ``filtered``."""
+
+    def __init__(self, reason: Any) -> None:
+        self.reason = reason
+
+
+class StepFailure(Exception):
+    """Carries the failing item and coordinates of a step's error up to the root item."""
+
+    def __init__(self, item_id: str, coord: StepCoord, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.item_id = item_id
+        self.coord = coord
+        self.__cause__ = exc
+
+
+class RunEnded(BaseException):
+    """Stops a worker's item when the main thread has ended the run (never an item failure)."""
