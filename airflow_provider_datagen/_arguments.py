@@ -9,28 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
-
-_MAX_SHOWN = 200
-
-
-def _owner_name(owner: object) -> str:
-    if isinstance(owner, str):
-        return owner
-    if isinstance(owner, type):
-        return owner.__name__
-    return type(owner).__name__
-
-
-def bad_argument(owner: object, param: str, value: Any, problem: str, fix: str) -> ConfigurationError:
-    """The error for ``owner``'s argument ``param``: what is wrong with ``value`` and how to fix it.
-
-    :param owner: the class (or an instance of it, or its name) whose argument is bad.
-    """
-    shown = repr(value)
-    if len(shown) > _MAX_SHOWN:
-        shown = shown[:_MAX_SHOWN] + "…"
-    return ConfigurationError(f"{_owner_name(owner)}: {param}={shown} {problem}; {fix}")
+from airflow_provider_datagen.exceptions import DatagenError, bad_argument
 
 
 def is_template(value: Any) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DatagenError(Exception):
     """Base class of every error raised by airflow-provider-datagen."""
@@ -73,3 +75,26 @@ class ItemFailedError(DatagenError):
 
 class ProcessInterrupted(DatagenError):
     """The user's function raised KeyboardInterrupt or SystemExit; acknowledged work was kept."""
+
+
+#: How much of a bad argument's value a message shows.
+_MAX_SHOWN = 200
+
+
+def _owner_name(owner: object) -> str:
+    if isinstance(owner, str):
+        return owner
+    if isinstance(owner, type):
+        return owner.__name__
+    return type(owner).__name__
+
+
+def bad_argument(owner: object, param: str, value: Any, problem: str, fix: str) -> ConfigurationError:
+    """The error for ``owner``'s argument ``param``: what is wrong with ``value`` and how to fix it.
+
+    :param owner: the class (or an instance of it, or its name) whose argument is bad.
+    """
+    shown = repr(value)
+    if len(shown) > _MAX_SHOWN:
+        shown = shown[:_MAX_SHOWN] + "…"
+    return ConfigurationError(f"{_owner_name(owner)}: {param}={shown} {problem}; {fix}")

@@ -359,7 +359,10 @@ def test_unknown_process_path_fails_the_task_naming_it(
     )
     assert run.state == "failed"
     run.assert_failed(
-        "generate", ConfigurationError, r"^DatagenMapOperator: process='tests\._support\.nope:fn' names a module it cannot import", map_index=0
+        "generate",
+        ConfigurationError,
+        r"^DatagenMapOperator: process='tests\._support\.nope:fn' names a module it cannot import",
+        map_index=0,
     )
     assert not calls.exists()
     assert not _log("badproc").exists()

@@ -19,7 +19,7 @@ from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import DEFAULT_GROUP_SECONDS, CommitPolicy, RunShared
 from airflow_provider_datagen.core.runner.threads import run_pulls_concurrently
 from airflow_provider_datagen.core.steps import Step, as_pipeline
-from airflow_provider_datagen.exceptions import InvalidEventError
+from airflow_provider_datagen.exceptions import bad_argument
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -72,11 +72,21 @@ def run_items(
     if checkpoint_every is not None and (
         isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1
     ):
-        raise InvalidEventError(f"checkpoint_every must be a positive int or None, got {checkpoint_every!r}")
+        raise bad_argument(
+            "run_items",
+            "checkpoint_every",
+            checkpoint_every,
+            "is not a positive int",
+            "pass None for the default group commit",
+        )
     if not isinstance(processor_version, str) or not processor_version:
-        raise InvalidEventError(f"processor_version must be a non-empty string, got {processor_version!r}")
+        raise bad_argument(
+            "run_items", "processor_version", processor_version, "is not a non-empty string", "pass e.g. 'v1'"
+        )
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise InvalidEventError(f"concurrency must be an int >= 1 (1 runs items one at a time), got {concurrency!r}")
+        raise bad_argument(
+            "run_items", "concurrency", concurrency, "is not an int >= 1", "pass 1 to run items one at a time"
+        )
     pipeline = as_pipeline(process_or_pipeline)
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)

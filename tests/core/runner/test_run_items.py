@@ -23,6 +23,7 @@ from airflow_provider_datagen.core import (
 )
 from airflow_provider_datagen.core.schema import EventType
 from airflow_provider_datagen.exceptions import (
+    ConfigurationError,
     DatagenError,
     InvalidEventError,
     InvalidItemError,
@@ -557,7 +558,7 @@ def test_duplicate_step_names_and_unknown_kinds_are_refused_before_any_io(log: A
         Sequence("s", [42])  # type: ignore[list-item]
     with pytest.raises(DatagenError):
         Step("bad/name", f)
-    with pytest.raises(InvalidEventError, match="checkpoint_every"):
+    with pytest.raises(ConfigurationError, match=r"^run_items: checkpoint_every=0 is not a positive int"):
         run_items(log, make_items(2), f, checkpoint_every=0)
     assert log.version == 0
 

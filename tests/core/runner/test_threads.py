@@ -18,7 +18,7 @@ import pytest
 
 from airflow_provider_datagen.core import CheckpointLog, Loop, MapReduce, Sequence, Step, run_items
 from airflow_provider_datagen.core.runner import MIN_PULL
-from airflow_provider_datagen.exceptions import InvalidEventError, ItemFailedError
+from airflow_provider_datagen.exceptions import ConfigurationError, ItemFailedError
 from tests._support.engine import (
     Crash,
     flat_output,
@@ -224,11 +224,11 @@ def test_the_next_pull_starts_while_the_last_items_of_a_pull_still_run(tmp_path:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"concurrency": 0}, "concurrency must be an int >= 1"),
-        ({"concurrency": -1}, "concurrency must be an int >= 1"),
-        ({"concurrency": True}, "concurrency must be an int >= 1"),
-        ({"concurrency": "4"}, "concurrency must be an int >= 1"),
-        ({"concurrency": 2.0}, "concurrency must be an int >= 1"),
+        ({"concurrency": 0}, "^run_items: concurrency=.* is not an int >= 1; pass 1"),
+        ({"concurrency": -1}, "^run_items: concurrency=.* is not an int >= 1; pass 1"),
+        ({"concurrency": True}, "^run_items: concurrency=.* is not an int >= 1; pass 1"),
+        ({"concurrency": "4"}, "^run_items: concurrency=.* is not an int >= 1; pass 1"),
+        ({"concurrency": 2.0}, "^run_items: concurrency=.* is not an int >= 1; pass 1"),
     ],
 )
 def test_bad_concurrency_arguments_are_refused_before_any_write(tmp_path: Any, kwargs: Any, match: str) -> None:
@@ -236,7 +236,7 @@ def test_bad_concurrency_arguments_are_refused_before_any_write(tmp_path: Any, k
     run_items(log, make_items(3), pipeline(Calls()))
     version = log.version
     calls = Calls()
-    with pytest.raises(InvalidEventError, match=match):
+    with pytest.raises(ConfigurationError, match=match):
         run_items(log, make_items(6), pipeline(calls), epoch=2, **kwargs)
     assert log.version == version and not calls.by_item
 
