@@ -44,7 +44,9 @@ from airflow_provider_datagen.exceptions import DatagenError, InvalidEventError,
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from airflow_provider_datagen.core.log import Batch, CheckpointLog, LogWriter
+    from airflow_provider_datagen.core.store.batch import Batch
+    from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.writer import LogWriter
     from airflow_provider_datagen.core.sources import SourceItem
 
 log = logging.getLogger(__name__)
@@ -312,7 +314,7 @@ class _Runner:
         self._coords: dict[tuple[int, str | None, int | None, str | None], tuple[StepCoord, Any, str, Any]] = {}
 
     def _new_batch(self) -> Batch:
-        from airflow_provider_datagen.core.log import Batch
+        from airflow_provider_datagen.core.store.batch import Batch
 
         return Batch(self.writer)
 

@@ -194,8 +194,8 @@ def test_a_planner_stores_its_fold_when_it_covers_many_new_events(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_provider_datagen.core import fold_table
-    from airflow_provider_datagen.core import log as log_module
     from airflow_provider_datagen.core.chunks import plan_chunks
+    from airflow_provider_datagen.core.store import maintenance as log_module
     from tests.integration.helpers_engine import light_events
 
     monkeypatch.setattr(log_module, "PROJECTION_MIN_NEW_EVENTS", 500)
@@ -223,7 +223,7 @@ def test_a_planner_stores_its_fold_when_it_covers_many_new_events(
 def test_no_fold_is_stored_without_one_of_this_log_or_beside_a_maintenance(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_provider_datagen.core.log import _MaintenanceLease
+    from airflow_provider_datagen.core.store.maintenance import MaintenanceLease as _MaintenanceLease
 
     log = CheckpointLog.open(tmp_path, pipeline="p", experiment="nostore", remember_fold=False)
     _write(log, "w", [(op, n) for n in range(50) for op in ("create", "done")])
