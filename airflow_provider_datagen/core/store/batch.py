@@ -11,6 +11,7 @@ costs a tuple, not a record.
 from __future__ import annotations
 
 import traceback as tb_module
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.events import ID_SEP, EncodedValue, encode_value
@@ -42,8 +43,12 @@ RUNNING = ItemStatus.RUNNING.value
 OTHER, CREATED, SET, APPEND = 0, 1, 2, 3
 
 
-class Shape(NamedTuple):
+@dataclass(frozen=True, slots=True, eq=False)
+class Shape:
     """What an event is apart from its item: validated once per kind of event and cached by the writer.
+
+    Built rarely (cached) and read on every event, so a slotted class: its attribute reads are
+    cheaper than a tuple's indexing, a NamedTuple's about twice as dear (measured).
 
     ``id_middle`` and ``id_tail`` are the event-id text around the input fingerprint (see
     :func:`~airflow_provider_datagen.core.events.event_id_for`); ``id_coords`` is the tail without its
@@ -191,7 +196,7 @@ class Batch:
 
     if TYPE_CHECKING:  # the runner still types its shapes as plain tuples
 
-        def _shaped(self, item_id: str, shape: tuple[Any, ...], then: tuple[Any, ...] | None = None) -> None: ...
+        def _shaped(self, item_id: str, shape: Any, then: Any = None) -> None: ...
     else:
         _shaped = add_shaped  # TODO(restructure): runner adopts Batch.add_shaped
 
