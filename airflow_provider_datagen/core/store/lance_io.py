@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import TYPE_CHECKING, Any, Final
 
 import lance
@@ -212,44 +213,62 @@ def fsync_commit(path: str, ds: lance.LanceDataset, data_files: Iterable[str]) -
             os.close(fd)
 
 
-# --- writing the log's first commit ---------------------------------------------------------------
+# --- writing --------------------------------------------------------------------------------------
 
 
-def write_first_fragments(
-    table: pa.Table, uri: str, schema: pa.Schema, storage_options: dict[str, str] | None
-) -> list[Any]:
-    """Write the fragments of a dataset's first commit (not committed yet; see :func:`commit_first`)."""
-    return lance.fragment.write_fragments(
-        table,
-        uri,
-        schema=schema,
-        mode="create",
-        data_storage_version=STORAGE_VERSION,
-        enable_stable_row_ids=True,
-        storage_options=storage_options,
-    )
-
-
-def commit_first(
-    uri: str, schema: pa.Schema, fragments: list[Any], storage_options: dict[str, str] | None
+def create_dataset(
+    table: pa.Table,
+    uri: str,
+    schema: pa.Schema,
+    storage_options: dict[str, str] | None,
+    reopen: Callable[[], lance.LanceDataset | None],
 ) -> lance.LanceDataset:
-    """Commit ``fragments`` as version 1, never retried: a dataset created meanwhile is a conflict."""
-    return lance.LanceDataset.commit(
-        uri,
-        lance.LanceOperation.Overwrite(schema, fragments),
-        read_version=0,  # "there was no dataset": a version committed since is a conflict
-        max_retries=0,
-        enable_stable_row_ids=True,
-        storage_options=storage_options,
-    )
+    """Create the dataset with ``table`` as its first commit, or append it if another writer won.
 
-
-def commit_appended(
-    uri: str, fragments: list[Any], read_version: int, storage_options: dict[str, str] | None
-) -> lance.LanceDataset:
-    """Commit fragments already written as an Append onto the dataset at ``read_version``."""
+    ``write_dataset(mode="create")`` commits an Overwrite that Lance retries onto the next version
+    when writers race to create the dataset, silently replacing batches already acknowledged to the
+    others (measured: 4 processes creating one log at once kept 1 to 3 of their 4 batches). So the
+    first commit claims to read version 0 and is never retried: a writer that loses the race
+    commits the fragments it already wrote as an Append onto the winner's dataset. ``reopen`` opens
+    (and validates) the dataset as it is now, None while there is none.
+    """
+    try:
+        frags = lance.fragment.write_fragments(
+            table,
+            uri,
+            schema=schema,
+            mode="create",
+            data_storage_version=STORAGE_VERSION,
+            enable_stable_row_ids=True,
+            storage_options=storage_options,
+        )
+    except LANCE_ERRORS:
+        existing = reopen()  # created since we looked: a plain append
+        if existing is None:
+            raise
+        return append_table(table, existing, schema, storage_options)
+    try:
+        return lance.LanceDataset.commit(
+            uri,
+            lance.LanceOperation.Overwrite(schema, frags),
+            read_version=0,  # "there was no dataset": a version committed since is a conflict
+            max_retries=0,
+            enable_stable_row_ids=True,
+            storage_options=storage_options,
+        )
+    except LANCE_ERRORS as exc:
+        lost_race: BaseException = exc
+    # The winner's first version is already visible when our commit of that version failed; poll
+    # briefly for stores that list lazily.
+    deadline = time.monotonic() + 10.0
+    ds = reopen()
+    while ds is None:
+        if time.monotonic() > deadline:
+            raise lost_race
+        time.sleep(0.05)
+        ds = reopen()
     return lance.LanceDataset.commit(
-        uri, lance.LanceOperation.Append(fragments), read_version=read_version, storage_options=storage_options
+        uri, lance.LanceOperation.Append(frags), read_version=ds.version, storage_options=storage_options
     )
 
 

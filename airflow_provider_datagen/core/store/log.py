@@ -6,7 +6,8 @@ blob bytes live in a blob-encoded ``value_blob`` column, located by ``event_id``
 row id (see docs/design.md, "The event log" and "Mapping onto Lance"). This module opens and
 validates the dataset, appends to it, and serves the reads and lenses; staging and numbering events
 (:mod:`.batch`, :mod:`.writer`), the states cache (:mod:`.projection`), maintenance
-(:mod:`.maintenance`) and raw Lance I/O (:mod:`.lance_io`) live beside it.
+(:mod:`.maintenance`) and raw Lance I/O (:mod:`.lance_io`) live beside it. Over 600 lines because
+the public read API (the lenses, states, summary, blobs, stats) is one job, documented method by method.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import contextlib
 import datetime as dt
 import os
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -340,38 +340,8 @@ class CheckpointLog:
         lance_io.fsync_commit(local_path(self.uri), ds, files)
 
     def _create(self, table: pa.Table) -> None:
-        """Create the dataset with ``table`` as its first commit, or append it if another writer won.
-
-        ``write_dataset(mode="create")`` commits an Overwrite that Lance retries onto the next version
-        when writers race to create the log, silently replacing batches already acknowledged to the
-        others (measured: 4 processes creating one log at once kept 1 to 3 of their 4 batches). So the
-        first commit claims to read version 0 and is never retried: a writer that loses the race
-        commits the fragments it already wrote as an Append onto the winner's dataset.
-        """
-        opts = self.storage_options
-        try:
-            frags = lance_io.write_first_fragments(table, self.uri, EVENT_SCHEMA, opts)
-        except lance_io.LANCE_ERRORS:
-            existing = self._open_dataset()  # created since we looked: a plain append
-            if existing is None:
-                raise
-            self._ds = lance_io.append_table(table, existing, EVENT_SCHEMA, opts)
-            return
-        try:
-            self._ds = lance_io.commit_first(self.uri, EVENT_SCHEMA, frags, opts)
-            return
-        except lance_io.LANCE_ERRORS as exc:
-            lost_race: BaseException = exc
-        # The winner's first version is already visible when our commit of that version failed; poll
-        # briefly for stores that list lazily.
-        deadline = time.monotonic() + 10.0
-        ds = self._open_dataset()
-        while ds is None:
-            if time.monotonic() > deadline:
-                raise lost_race
-            time.sleep(0.05)
-            ds = self._open_dataset()
-        self._ds = lance_io.commit_appended(self.uri, frags, ds.version, opts)
+        """Create the dataset with ``table`` as its first commit (see :func:`lance_io.create_dataset`)."""
+        self._ds = lance_io.create_dataset(table, self.uri, EVENT_SCHEMA, self.storage_options, self._open_dataset)
 
     # --- writers --------------------------------------------------------------------------------
 
