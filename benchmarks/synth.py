@@ -12,7 +12,7 @@ from airflow_provider_datagen.core.events import fingerprint_of
 from airflow_provider_datagen.core.schema import EVENT_SCHEMA
 
 if TYPE_CHECKING:
-    from airflow_provider_datagen.core.log import CheckpointLog
+    from airflow_provider_datagen.core.store.log import CheckpointLog
 
 #: Event types of a completed item (5 events) and of a running one (its first 3).
 _DONE = ("ITEM_CREATED", "STEP_STARTED", "FIELD_SET", "STEP_COMPLETED", "TERMINAL")

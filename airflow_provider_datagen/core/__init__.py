@@ -13,7 +13,6 @@ from airflow_provider_datagen.core.fold import (
     fold_table,
 )
 from airflow_provider_datagen.core.ids import child_item_id, key_of, root_item_id
-from airflow_provider_datagen.core.log import Batch, CheckpointLog, LogWriter
 from airflow_provider_datagen.core.planner import ResumePlan, plan_resume, status_of
 from airflow_provider_datagen.core.runner import ItemContext, RunReport, run_items
 from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, EventType, ItemStatus, StepKind
@@ -28,6 +27,9 @@ from airflow_provider_datagen.core.steps import (
     Step,
     SubPipeline,
 )
+from airflow_provider_datagen.core.store.batch import Batch
+from airflow_provider_datagen.core.store.log import CheckpointLog
+from airflow_provider_datagen.core.store.writer import LogWriter
 
 __all__ = [
     "DATAGEN_SCHEMA_VERSION",

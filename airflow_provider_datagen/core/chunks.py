@@ -7,7 +7,6 @@ mapped worker reads exactly the items that were planned.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -21,10 +20,11 @@ import pyarrow.compute as pc
 from airflow_provider_datagen.core.ids import key_of, root_item_id
 from airflow_provider_datagen.core.planner import ResumePlan, classify, status_of
 from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source
+from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
 
 if TYPE_CHECKING:
-    from airflow_provider_datagen.core.log import CheckpointLog
+    from airflow_provider_datagen.core.store.log import CheckpointLog
 
 _LABEL_KEY = 40
 
@@ -100,17 +100,6 @@ def plan_chunks(
     return PlannedChunks(plan, chunks, size, status)
 
 
-def snapshot_digest(items: list[SourceItem]) -> str:
-    """Content address of an inline source snapshot."""
-    h = hashlib.sha256()
-    for s in items:
-        h.update(s.item_id.encode("utf-8", "surrogatepass"))
-        h.update(b"\x1f")
-        h.update(s.fingerprint.encode())
-        h.update(b"\n")
-    return h.hexdigest()[:32]
-
-
 def _prepare_chunk_rows(rows: list[Any], key_field: str, ids: list[Any]) -> list[SourceItem]:
     """Validate and fingerprint only the rows of a path source that belong to the chunk.
 
@@ -157,8 +146,6 @@ def chunk_items(
         raise ConfigurationError("chunk has no item_ids list; pass expand_kwargs(plan.output) unchanged")
     key_field = str(chunk.get("key_field", "id"))
     if chunk.get("snapshot"):
-        from airflow_provider_datagen.core.log import read_lance_table
-
         table = read_lance_table(str(chunk["source"]), storage_options)
         # The snapshot holds the whole planned source; decode and fingerprint only this chunk's rows
         # (the planner validated the rest), so N chunks cost one source's worth of work, not N.

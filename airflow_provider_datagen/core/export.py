@@ -1,10 +1,10 @@
 """Deterministic export of results: the folded fields of completed items, never a log row.
 
-The export is the output artifact of seed 001 and the log is its sidecar manifest, so no output
-contains manifest rows. Its fingerprint digests content only (item ids and canonical field JSON in id
-order), so "resumed == uninterrupted" is one string comparison whatever the history. Result sets merge
-as a commutative monoid (union keyed by item id, the empty set as identity), which is what licenses
-chunked, uncoordinated workers (seed 001 ``reduce_sound_iff_monoid``).
+The export is the output artifact and the log is its sidecar manifest, so no output contains
+manifest rows (see docs/design.md, "Resume"). Its fingerprint digests content only (item ids and
+canonical field JSON in id order), so "resumed == uninterrupted" is one string comparison whatever
+the history. Result sets merge as a commutative monoid (union keyed by item id, the empty set as
+identity), which is what licenses chunked, uncoordinated workers: their parts merge in any order.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import pyarrow as pa
 
 from airflow_provider_datagen.core.events import BlobRef, canonical_json
 from airflow_provider_datagen.core.ids import key_of
+from airflow_provider_datagen.core.store.lance_io import write_results_dataset
 from airflow_provider_datagen.exceptions import InvalidValueError
 
 if TYPE_CHECKING:
-    from airflow_provider_datagen.core.log import CheckpointLog
+    from airflow_provider_datagen.core.store.log import CheckpointLog
 
 RESULT_SCHEMA = pa.schema(
     [
@@ -67,7 +68,7 @@ def merge_results(*parts: Results) -> dict[str, str]:
             if prev is not None and prev != text:
                 raise InvalidValueError(
                     f"item {iid!r} has different results in two parts being merged; processing must be "
-                    "deterministic (seed 001 process_is_deterministic)"
+                    "deterministic (the same item must always give the same fields)"
                 )
             merged[iid] = text
     return merged
@@ -99,8 +100,6 @@ def export_results(
 
     Returns ``{"rows": int, "fingerprint": str}``; equal results give equal fingerprints.
     """
-    from airflow_provider_datagen.core.log import write_results_dataset
-
     results = collect_results(log)
     write_results_dataset(results_table(results), destination_uri, storage_options=storage_options)
     return {"rows": len(results), "fingerprint": results_fingerprint(results)}

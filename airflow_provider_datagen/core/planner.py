@@ -1,6 +1,6 @@
 """Resume planning: classify every source item against the folded log. Returns data, never acts.
 
-For each item (seeds 001 and 004): ``skip`` (completed or filtered for the same input fingerprint),
+For each item (see docs/design.md, "Resume"): ``skip`` (completed or filtered for the same input fingerprint),
 ``replay`` (in the inbox: created, not terminal, same fingerprint and processor version), ``demoted``
 (in the inbox but its cursor belongs to another processor version: restart from the first step),
 ``invalidated`` (the input changed since it was recorded), ``fresh`` (never started). The five sets
@@ -22,7 +22,7 @@ from airflow_provider_datagen.core.sources import SourceItem, prepare_items
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from airflow_provider_datagen.core.log import CheckpointLog
+    from airflow_provider_datagen.core.store.log import CheckpointLog
 
 
 @dataclass

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_datagen.core.events import _FAST, fingerprint_of
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
+from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 
@@ -224,9 +225,7 @@ def read_source(source: Any) -> Iterator[dict[str, Any]]:
     elif lower.endswith(".parquet"):
         yield from _table_rows(pq.read_table(path))
     elif lower.endswith(".lance"):
-        from airflow_provider_datagen.core import log as _log  # the only module that imports lance
-
-        yield from _table_rows(_log.read_lance_table(path))
+        yield from _table_rows(read_lance_table(path))
     else:
         raise InvalidItemError(f"source {path!r}: unknown format; use a .jsonl, .parquet or .lance path")
 
@@ -239,3 +238,14 @@ def _table_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
 def load_source(source: Any, key_field: str = "id") -> list[SourceItem]:
     """Read and validate a whole source."""
     return prepare_items(read_source(source), key_field)
+
+
+def snapshot_digest(items: list[SourceItem]) -> str:
+    """Content address of an inline source snapshot: its item ids and input fingerprints, in order."""
+    h = hashlib.sha256()
+    for s in items:
+        h.update(s.item_id.encode("utf-8", "surrogatepass"))
+        h.update(b"\x1f")
+        h.update(s.fingerprint.encode())
+        h.update(b"\n")
+    return h.hexdigest()[:32]

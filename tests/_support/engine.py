@@ -28,8 +28,8 @@ from airflow_provider_datagen.core import (
     results_fingerprint,
 )
 from airflow_provider_datagen.core.export import collect_results
-from airflow_provider_datagen.core.log import LogWriter
 from airflow_provider_datagen.core.schema import EVENT_SCHEMA, LIGHT_COLUMNS
+from airflow_provider_datagen.core.store.writer import LogWriter
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -47,7 +47,7 @@ class Committer(Interpreter):
         self.shared.last_flush = time.monotonic()
 
     def maybe_flush(self, *, boundary: bool = False) -> None:
-        if not self.batch._pending:
+        if not self.batch.events:
             return
         shared = self.shared
         if (
@@ -59,7 +59,7 @@ class Committer(Interpreter):
 
     def _flush_due(self) -> bool:
         """:meth:`maybe_flush` at a step boundary, as a test: the per-item hot paths call it twice."""
-        if not self.batch._pending:
+        if not self.batch.events:
             return False
         shared = self.shared
         return (
@@ -77,12 +77,12 @@ class Committer(Interpreter):
         if self.shared.policy.pipelined:
             # The previous pull's acknowledgements ride in the same commit: one append per pull, and
             # the inbox never waits behind an acknowledgement still being written.
-            self.batch._created_many(ids, fps, pv)
+            self.batch.items_created(ids, fps, pv)
             self.flush()
             return
         self.flush()
         inbox = self.new_batch()
-        inbox._created_many(ids, fps, pv)
+        inbox.items_created(ids, fps, pv)
         self.report.events += self.shared.writer.commit(inbox)
         self.report.commits += 1
 

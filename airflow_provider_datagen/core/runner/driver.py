@@ -20,9 +20,9 @@ from airflow_provider_datagen.core.schema import EventType, ItemStatus
 if TYPE_CHECKING:
     from airflow_provider_datagen.core.events import StepCoord
     from airflow_provider_datagen.core.fold import ItemState
-    from airflow_provider_datagen.core.log import CheckpointLog
     from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.steps import Step
+    from airflow_provider_datagen.core.store.log import CheckpointLog
 
 _TERMINAL = EventType.TERMINAL.value
 
@@ -87,7 +87,7 @@ class Runner(Committer):
             if ctx._ops or sets:
                 self._stage_delta(iid, coord.step, sets, ctx._ops)
             # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
-            self.batch._shaped(iid, shape, None if filtered else done)
+            self.batch.add_shaped(iid, shape, None if filtered else done)
         except BaseException as exc:
             on_failure(self, self._bare_item(src), exc)
             return
@@ -104,7 +104,7 @@ class Runner(Committer):
         """The one step, its coordinates, and the shapes of its STEP_COMPLETED and of TERMINAL(completed)."""
         pipeline = self.shared.pipeline
         site = self._coord(pipeline, None, None, None)
-        done = self.shared.writer._shape(_TERMINAL, None, None, None, None, None, None, None, COMPLETED)
+        done = self.shared.writer.shape(_TERMINAL, None, None, None, None, None, None, None, COMPLETED)
         return pipeline, site.coord, site.shape, done
 
     @staticmethod

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.events import StepCoord, encode_value, fingerprint_of
 from airflow_provider_datagen.core.ids import check_field_name, child_item_id
-from airflow_provider_datagen.core.log import Batch
 from airflow_provider_datagen.core.runner.context import ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.shared import StepSite
 from airflow_provider_datagen.core.runner.signals import Filtered, StepFailure
@@ -33,6 +32,7 @@ from airflow_provider_datagen.exceptions import ProcessError
 if TYPE_CHECKING:
     from airflow_provider_datagen.core.runner.report import RunReport
     from airflow_provider_datagen.core.runner.shared import RunShared
+    from airflow_provider_datagen.core.store.batch import Batch
 
 COMPLETED = ItemStatus.COMPLETED.value
 FILTERED = ItemStatus.FILTERED.value
@@ -64,7 +64,7 @@ class Interpreter:
         self._known_children: set[str] = set() if known_children is None else known_children
 
     def new_batch(self) -> Batch:
-        return Batch(self.shared.writer)
+        return self.shared.writer.new_batch()
 
     # --- what subclasses decide ----------------------------------------------------------------
 
@@ -110,7 +110,7 @@ class Interpreter:
         if hit is None:
             coord = StepCoord(step.name, type(step).kind.value, enclosing, iteration, None, selector)
             writer = shared.writer
-            shape = writer._shape(
+            shape = writer.shape(
                 _STEP_COMPLETED,
                 coord.step or "",
                 coord.step_kind,
@@ -233,7 +233,7 @@ class Interpreter:
             item.fields[name] = value
             item.modes[name] = "set"
         if shape is not None:
-            b._shaped(item.item_id, shape)
+            b.add_shaped(item.item_id, shape)
         else:
             b.step_completed(
                 item.item_id,

@@ -24,7 +24,7 @@ from airflow_provider_datagen.exceptions import bad_argument
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from airflow_provider_datagen.core.log import CheckpointLog
+    from airflow_provider_datagen.core.store.log import CheckpointLog
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def run_items(
             run_pulls_concurrently(runner, writer, restart, by_id, plan, concurrency, tick)
         else:
             for chunk in pulls(restart, cap, checkpoint_interval):
-                writer._prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
+                writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
                 runner.pull([(by_id[iid], None) for iid in chunk])
                 for iid in chunk:
                     if one_step:

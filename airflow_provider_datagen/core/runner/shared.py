@@ -15,8 +15,10 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from airflow_provider_datagen.core.events import StepCoord
-    from airflow_provider_datagen.core.log import Batch, CheckpointLog, LogWriter
     from airflow_provider_datagen.core.steps import Step
+    from airflow_provider_datagen.core.store.batch import Batch
+    from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.writer import LogWriter
 
 #: Group commit defaults when ``checkpoint_every`` is None: ack every N items or T seconds.
 DEFAULT_GROUP_ITEMS = 4096

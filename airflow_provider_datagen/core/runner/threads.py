@@ -27,12 +27,12 @@ from airflow_provider_datagen.exceptions import ItemFailedError
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
-    from airflow_provider_datagen.core.log import LogWriter
     from airflow_provider_datagen.core.planner import ResumePlan
     from airflow_provider_datagen.core.runner.driver import Runner
     from airflow_provider_datagen.core.runner.shared import RunShared
     from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.steps import Step
+    from airflow_provider_datagen.core.store.writer import LogWriter
 
 #: what ``ItemWorker.work`` returns: the item's (status, filter reason), or the exception it raised
 ItemOutcome = tuple[tuple[str, Any] | None, BaseException | None]
@@ -88,7 +88,7 @@ class ItemWorker(Interpreter):
         root's buffer once the children are done.
         """
         shared = self.shared
-        return bool(self.batch._pending) and (
+        return bool(self.batch.events) and (
             (shared.policy.per_step and self.steps > 0)
             or time.monotonic() - shared.last_flush >= shared.policy.interval
         )
@@ -127,8 +127,7 @@ class ItemWorker(Interpreter):
         pool, permits = shared.child_pool, shared.permits
         assert pool is not None and permits is not None
         ids = {job.child.item_id for job in jobs}
-        below = tuple(f"{cid}/" for cid in ids)
-        if any(p[0] in ids or p[0].startswith(below) for p in self.batch._pending):
+        if self.batch.touches_subtrees(ids):
             # A Loop runs this fan-out again: the last generation of these children (and theirs)
             # ended in this buffer. It must be committed before the new generation hands anything
             # over, or the two generations' events of one child id would be numbered out of order.
@@ -156,7 +155,7 @@ class ItemWorker(Interpreter):
             permits.acquire()
         first: BaseException | None = None
         for idx, worker, (child_fields, exc) in outcomes:
-            self.batch._extend(worker.batch)
+            self.batch.extend(worker.batch)
             self.report.invocations += worker.report.invocations
             self.steps += worker.steps
             if exc is not None:
@@ -233,7 +232,7 @@ def run_concurrent(
             for fut in sorted(done, key=lambda f: order[inflight[f][1].item_id]):
                 worker, item = inflight.pop(fut)
                 outcome, exc = fut.result()  # work() returns every exception of the item's own
-                runner.batch._extend(worker.batch)
+                runner.batch.extend(worker.batch)
                 runner.report.invocations += worker.report.invocations
                 runner.steps += worker.steps
                 if exc is None:
@@ -271,7 +270,7 @@ def serve(runner: Runner, requests: list[FlushRequest]) -> None:
     """Commit workers' mid-item progress (with any acknowledgements waiting), then let them go on."""
     try:
         for request in requests:
-            runner.batch._extend(request.batch)
+            runner.batch.extend(request.batch)
         runner.flush()
     except BaseException as exc:
         for request in requests:
@@ -300,7 +299,7 @@ def run_pulls_concurrently(
         # submitted, while its last ones still run (no idle tail per pull), and each pull's inbox
         # commit still precedes its own items' work.
         for chunk in pulls(restart, max(shared.policy.group, MIN_PULL), shared.policy.interval):
-            writer._prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
+            writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
             runner.pull([(by_id[iid], None) for iid in chunk])
             for iid in chunk:
                 yield by_id[iid], iid in replayed_restarts, iid in plan.last_seq

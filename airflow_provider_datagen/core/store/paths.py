@@ -1,4 +1,4 @@
-"""The storage layout: ``<root>/datagen_checkpoints/<pipeline>/<experiment>/log.lance``.
+"""The storage layout: ``<root>/datagen_checkpoints/<pipeline>/<experiment>/log.lance`` and its neighbours.
 
 One home for the layout: the log opens its dataset here, the export refuses to overwrite a log by
 it, and the UI lists experiments with it. Listing needs no Lance import (directory names only).
@@ -15,6 +15,10 @@ from airflow_provider_datagen.exceptions import DatagenError
 
 CHECKPOINTS_DIR = "datagen_checkpoints"
 LOG_DIR = "log.lance"
+#: Beside the log: the disposable state projection, inline-source snapshots, the maintenance lease.
+PROJECTION_DIR = "state.lance"
+SNAPSHOTS_DIR = "sources"
+LEASE_FILE = ".maintenance.lock"
 
 
 def is_local(uri: str) -> bool:
@@ -30,6 +34,21 @@ def local_path(uri: str) -> str:
 def log_uri(root: str, pipeline: str, experiment: str) -> str:
     """The URI of one experiment's event log (names must already be checked)."""
     return f"{root.rstrip('/')}/{CHECKPOINTS_DIR}/{pipeline}/{experiment}/{LOG_DIR}"
+
+
+def experiment_uri(log_uri: str) -> str:
+    """The experiment's directory: the log's parent, which also holds its projection and snapshots."""
+    return log_uri.rsplit("/", 1)[0]
+
+
+def projection_uri(log_uri: str) -> str:
+    """The URI of the state projection of the log at ``log_uri``."""
+    return f"{experiment_uri(log_uri)}/{PROJECTION_DIR}"
+
+
+def snapshot_uri(log_uri: str, digest: str) -> str:
+    """The URI of the content-addressed snapshot ``digest`` of an inline source, beside the log."""
+    return f"{experiment_uri(log_uri)}/{SNAPSHOTS_DIR}/{digest}.lance"
 
 
 def is_log_uri(uri: str) -> bool:

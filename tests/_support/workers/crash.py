@@ -61,8 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from airflow_provider_datagen.core import run_items
-    from airflow_provider_datagen.core.log import LogWriter
     from airflow_provider_datagen.core.runner.driver import Runner as _Runner
+    from airflow_provider_datagen.core.store.writer import LogWriter
     from tests._support import engine as h
 
     mode, k = args.kill_mode, args.kill_after

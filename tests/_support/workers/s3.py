@@ -51,7 +51,7 @@ def _hook(conn_id: str) -> Any:
 
 def writer(args: argparse.Namespace) -> None:
     from airflow_provider_datagen.core import run_items, status_of
-    from airflow_provider_datagen.core.log import CheckpointLog, LogWriter
+    from airflow_provider_datagen.core.store.log import CheckpointLog, LogWriter
 
     hook = _hook(args.conn)
     log = hook.get_log(PIPELINE, EXPERIMENT)

@@ -129,8 +129,8 @@ def _open_log(req: dict[str, Any]) -> Any:
 def _attempt(req: dict[str, Any], crash: dict[str, Any], signal_fd: int) -> None:
     """One run of ``run_items`` with the kill point of ``crash`` armed (runs in a forked child)."""
     from airflow_provider_datagen.core import CheckpointLog, run_items
-    from airflow_provider_datagen.core.log import LogWriter
     from airflow_provider_datagen.core.runner.driver import Runner as _Runner
+    from airflow_provider_datagen.core.store.writer import LogWriter
 
     mode, k = crash["mode"], int(crash.get("k", 1))
     counts = {"invocations": 0, "pulls": 0, "commits": 0, "appends": 0, "signalled": 0}

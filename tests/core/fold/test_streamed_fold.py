@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from airflow_provider_datagen.core import fold_table, plan_resume, prepare_items, run_items
-from airflow_provider_datagen.core import log as log_module
 from airflow_provider_datagen.core.planner import classify
+from airflow_provider_datagen.core.store import log as log_module
 from airflow_provider_datagen.exceptions import LogCorruptedError
 from tests._support.engine import light_events, make_items, open_log
 

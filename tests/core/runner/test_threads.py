@@ -441,7 +441,7 @@ def test_after_a_crash_no_committed_step_of_a_running_item_runs_again(tmp_path: 
 def test_a_commit_error_while_workers_wait_ends_the_run_and_releases_them(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_provider_datagen.core.log import LogWriter
+    from airflow_provider_datagen.core.store.writer import LogWriter
     from airflow_provider_datagen.exceptions import LogWriteError
 
     log = open_log(tmp_path, "broken")

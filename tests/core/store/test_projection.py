@@ -194,11 +194,11 @@ def test_a_planner_stores_its_fold_when_it_covers_many_new_events(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_provider_datagen.core import fold_table
-    from airflow_provider_datagen.core import log as log_module
     from airflow_provider_datagen.core.chunks import plan_chunks
+    from airflow_provider_datagen.core.store import maintenance as maintenance_module
     from tests._support.engine import light_events
 
-    monkeypatch.setattr(log_module, "PROJECTION_MIN_NEW_EVENTS", 500)
+    monkeypatch.setattr(maintenance_module, "PROJECTION_MIN_NEW_EVENTS", 500)
     log = open_log(tmp_path, "planned")
     source = [{"id": f"i{n}"} for n in range(320)]
     _write(log, "w", [(op, n) for n in range(100) for op in ("create", "done")])  # 200 events: too few
@@ -223,7 +223,7 @@ def test_a_planner_stores_its_fold_when_it_covers_many_new_events(
 def test_no_fold_is_stored_without_one_of_this_log_or_beside_a_maintenance(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_provider_datagen.core.log import _MaintenanceLease
+    from airflow_provider_datagen.core.store.maintenance import MaintenanceLease as _MaintenanceLease
 
     log = CheckpointLog.open(tmp_path, pipeline="p", experiment="nostore", remember_fold=False)
     _write(log, "w", [(op, n) for n in range(50) for op in ("create", "done")])

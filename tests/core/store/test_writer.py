@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from airflow_provider_datagen.core import CheckpointLog, run_items
-from airflow_provider_datagen.core.log import Batch, LogWriter
+from airflow_provider_datagen.core.store.batch import Batch
 from airflow_provider_datagen.exceptions import InvalidEventError, LogWriteError
 from tests._support.engine import flat_output, make_items, open_log, results_fp, statuses
+
+if TYPE_CHECKING:
+    from airflow_provider_datagen.core.store.writer import LogWriter
 
 N = 30
 

@@ -1,0 +1,670 @@
+"""CheckpointLog: one append-only Lance dataset per experiment, the only durable source of truth.
+
+A checkpoint batch is one Lance append (one commit); retried batches may land twice and the read
+path de-duplicates them by ``event_id``; writers are told apart by ``writer_id``/``writer_epoch``;
+blob bytes live in a blob-encoded ``value_blob`` column, located by ``event_id`` and fetched by stable
+row id (see docs/design.md, "The event log" and "Mapping onto Lance"). This module opens and
+validates the dataset, appends to it, and serves the reads and lenses; staging and numbering events
+(:mod:`.batch`, :mod:`.writer`), the states cache (:mod:`.projection`), maintenance
+(:mod:`.maintenance`) and raw Lance I/O (:mod:`.lance_io`) live beside it. Over 600 lines because
+the public read API (the lenses, states, summary, blobs, stats) is one job, documented method by method.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_datagen.core.events import Event, StepCoord, canonical_json
+from airflow_provider_datagen.core.fold import (
+    STATE_SCHEMA,
+    FailureRecord,
+    ItemState,
+    dedupe,
+    failure_records,
+    fold_events,
+)
+from airflow_provider_datagen.core.ids import check_name
+from airflow_provider_datagen.core.schema import (
+    DATAGEN_SCHEMA_VERSION,
+    DEFAULT_BLOB_THRESHOLD,
+    EVENT_SCHEMA,
+    NON_BLOB_COLUMNS,
+    EventType,
+    ItemStatus,
+)
+from airflow_provider_datagen.core.sources import snapshot_digest
+from airflow_provider_datagen.core.status import FAILED_SAMPLE, STATUS_KEYS, failed_mask
+from airflow_provider_datagen.core.store import lance_io, maintenance, projection
+from airflow_provider_datagen.core.store.batch import check_item_id
+from airflow_provider_datagen.core.store.paths import is_local, local_path, log_uri, projection_uri, snapshot_uri
+from airflow_provider_datagen.core.store.writer import Committer, LogWriter
+from airflow_provider_datagen.exceptions import (
+    DatagenError,
+    InvalidEventError,
+    InvalidNameError,
+    LogCorruptedError,
+    NotALogError,
+    SchemaVersionError,
+)
+
+if TYPE_CHECKING:
+    import concurrent.futures
+    from collections.abc import Callable, Iterable, Iterator, Sequence
+
+    import lance
+    import numpy as np
+
+    from airflow_provider_datagen.core.sources import SourceItem
+
+#: Rows per batch of a streamed fold scan, and batches Lance decodes ahead: small enough that a
+#: scan never holds much, large enough that per-batch Python stays a few percent of the fold.
+_SCAN_BATCH_ROWS = 1 << 16
+_SCAN_READAHEAD = 2
+
+__all__ = ["CheckpointLog"]
+
+
+def _sql_free_eq(column: str, value: str) -> pc.Expression:
+    # pyarrow expressions never need SQL quoting, so ids with quotes or newlines are safe filters.
+    return pc.field(column) == pa.scalar(value, pa.string())
+
+
+class CheckpointLog:
+    """The event log of one experiment: ``<root>/datagen_checkpoints/<pipeline>/<experiment>/log.lance``.
+
+    Opening is lazy: nothing is created until the first batch is committed, so reads of a new
+    experiment see an empty log.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        pipeline: str,
+        experiment: str,
+        *,
+        storage_options: dict[str, str] | None = None,
+        blob_threshold: int = DEFAULT_BLOB_THRESHOLD,
+        auto_maintain_fragments: int | None = 512,
+        durable: bool = True,
+        remember_fold: bool = True,
+    ) -> None:
+        self.root = root
+        self.durable = durable
+        self.remember_fold = remember_fold
+        self._max_fragment_id = -1
+        self.pipeline = pipeline
+        self.experiment = experiment
+        self.storage_options = dict(storage_options) if storage_options else None
+        self.blob_threshold = blob_threshold
+        self.auto_maintain_fragments = auto_maintain_fragments
+        self.uri = log_uri(root, pipeline, experiment)
+        self._ds: lance.LanceDataset | None = None
+        self._lock = threading.Lock()
+        #: the thread of pipelined appends (LogWriter.commit(wait=False)); None while none runs
+        self._committer: Committer | None = None
+        #: the last fold, see projection.memo_base
+        self._memo: projection.FoldMemo | None = None
+        self._appends_since_check = 0
+        self.projection_uri = projection_uri(self.uri)
+
+    def __repr__(self) -> str:
+        return f"CheckpointLog({self.uri!r})"
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        *,
+        pipeline: str,
+        experiment: str,
+        storage_options: dict[str, str] | None = None,
+        blob_threshold: int = DEFAULT_BLOB_THRESHOLD,
+        auto_maintain_fragments: int | None = 512,
+        durable: bool = True,
+        remember_fold: bool = True,
+    ) -> CheckpointLog:
+        """Open (lazily) the log of ``pipeline``/``experiment`` under ``root`` (a path or a URI).
+
+        ``remember_fold`` keeps the last :meth:`states` in memory so the next one re-folds only what
+        changed; a process that holds many logs open for long (the UI) turns it off.
+        """
+        check_name(pipeline, "pipeline")
+        check_name(experiment, "experiment")
+        root_s = os.fspath(root)
+        if not isinstance(root_s, str) or not root_s or "\x00" in root_s:
+            raise InvalidNameError(f"root {root!r} must be a non-empty path or URI")
+        if is_local(root_s):
+            root_s = os.path.abspath(local_path(root_s))
+        lg = cls(
+            root_s,
+            pipeline,
+            experiment,
+            storage_options=storage_options,
+            blob_threshold=blob_threshold,
+            auto_maintain_fragments=auto_maintain_fragments,
+            durable=durable,
+            remember_fold=remember_fold,
+        )
+        lg._dataset()  # validates an existing dataset (schema version, is it ours) before any use
+        return lg
+
+    # --- dataset access and validation ----------------------------------------------------------
+
+    def _translate(self, exc: BaseException, action: str) -> Exception:
+        return lance_io.translate(exc, self.uri, action)
+
+    def _open_dataset(self) -> lance.LanceDataset | None:
+        if is_local(self.uri):
+            path = local_path(self.uri)
+            if not os.path.exists(path):
+                return None
+            if lance_io.being_created(path):
+                return None
+            if not lance_io.has_manifest(path) and lance_io.later_commit_records(path):
+                raise LogCorruptedError(
+                    f"{self.uri} holds data files and records of {len(lance_io.later_commit_records(path))} "
+                    "commits but no _versions manifest: its version history was deleted or not copied. Nothing "
+                    "was changed. Restore the dataset directory (with _versions) from a backup; run maintain() "
+                    "after restoring."
+                )
+            if not lance_io.has_manifest(path):
+                raise NotALogError(
+                    f"{self.uri} exists but is not a Lance dataset (no _versions manifest); move it away "
+                    "or choose another experiment name"
+                )
+        try:
+            ds = lance_io.open_dataset(self.uri, self.storage_options)
+        except ValueError as exc:
+            if "was not found" in str(exc) and not is_local(self.uri):
+                return None
+            raise self._translate(exc, "opening the log") from None
+        except OSError as exc:
+            raise self._translate(exc, "opening the log") from None
+        self._check_schema(ds)
+        return ds
+
+    def _check_schema(self, ds: lance.LanceDataset) -> None:
+        meta = ds.schema.metadata or {}
+        raw = meta.get(b"datagen_schema_version")
+        if raw is None or "event_id" not in ds.schema.names:
+            raise NotALogError(
+                f"{self.uri} is a Lance dataset but not a datagen checkpoint log (no "
+                "datagen_schema_version); point the experiment elsewhere"
+            )
+        self._check_version(int(raw))
+
+    def _check_version(self, version: int) -> None:
+        if version > DATAGEN_SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.uri} was written with datagen schema version {version}, newer than this code's "
+                f"{DATAGEN_SCHEMA_VERSION}; upgrade airflow-provider-datagen to read it (it was not modified)"
+            )
+        if version < DATAGEN_SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.uri} uses datagen schema version {version}; this code reads version "
+                f"{DATAGEN_SCHEMA_VERSION} only. Migrate the log with a release that supports both."
+            )
+
+    def _check_versions(self, versions: pa.ChunkedArray | pa.Array) -> None:
+        """:meth:`_check_version` for the lowest and highest schema version in a scanned column."""
+        if len(versions):
+            for v in {pc.max(versions).as_py(), pc.min(versions).as_py()}:
+                self._check_version(int(v))
+
+    def _dataset(self) -> lance.LanceDataset | None:
+        self._wait_appends()  # read your own writes: a pipelined append lands first
+        with self._lock:
+            if self._ds is None:
+                self._ds = self._open_dataset()
+            elif not lance_io.is_latest(self.uri, self._ds):
+                try:
+                    self._ds.checkout_latest()
+                except (OSError, ValueError) as exc:
+                    raise self._translate(exc, "refreshing the log") from None
+            return self._ds
+
+    def exists(self) -> bool:
+        return self._dataset() is not None
+
+    @property
+    def version(self) -> int:
+        ds = self._dataset()
+        return 0 if ds is None else int(ds.version)
+
+    # --- scans ----------------------------------------------------------------------------------
+
+    def _scan(self, columns: Sequence[str], filter: pc.Expression | None = None) -> pa.Table:
+        ds = self._dataset()
+        if ds is None:
+            return EVENT_SCHEMA.empty_table().select(list(dict.fromkeys([*columns, "schema_version"])))
+        return self._scan_ds(ds, columns, filter)
+
+    def _scan_ds(self, ds: lance.LanceDataset, columns: Sequence[str], filter: Any) -> pa.Table:
+        cols = list(dict.fromkeys([*columns, "schema_version"]))
+        try:
+            table = ds.to_table(columns=cols, filter=filter)
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._translate(exc, "reading the log") from None
+        self._check_versions(table["schema_version"])
+        return table
+
+    def _batches(
+        self, ds: lance.LanceDataset, columns: Sequence[str], *, checked: bool = True
+    ) -> Iterator[pa.RecordBatch]:
+        """The rows of ``columns`` of one version, batch by batch, each batch's schema version checked.
+
+        ``checked=False`` for a second stream of the same rows, whose versions the first one checks.
+        """
+        cols = list(dict.fromkeys([*columns, "schema_version"])) if checked else list(columns)
+        try:
+            stream = iter(
+                ds.to_batches(
+                    columns=cols, batch_size=_SCAN_BATCH_ROWS, batch_readahead=_SCAN_READAHEAD, fragment_readahead=1
+                )
+            )
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._translate(exc, "reading the log") from None
+        while True:
+            # only Lance's own calls are translated, never an error raised by the consumer at the yield
+            try:
+                batch = next(stream)
+            except StopIteration:
+                return
+            except lance_io.LANCE_ERRORS as exc:
+                raise self._translate(exc, "reading the log") from None
+            if checked:
+                self._check_versions(batch.column("schema_version"))
+            yield batch
+
+    # --- appends --------------------------------------------------------------------------------
+
+    @property
+    def _inflight(self) -> concurrent.futures.Future[None] | None:
+        """The pipelined append in flight, if any."""
+        return None if self._committer is None else self._committer.inflight
+
+    def _append_pipelined(self, table: pa.Table, on_error: Callable[[BaseException], None]) -> None:
+        """Start appending ``table`` on the committer thread, after the append before it has landed."""
+        self._wait_appends()
+        if self._committer is None:
+            self._committer = Committer(self)
+        self._committer.submit(table, on_error)
+
+    def _wait_appends(self, *, close: bool = False) -> None:
+        """Wait for the pipelined append in flight, if any, and raise its error here.
+
+        The committer thread itself never waits (an automatic maintenance inside its append reads the
+        log); ``close`` also ends the thread, so an idle log holds none.
+        """
+        committer = self._committer
+        if committer is None or committer.on_thread():
+            return
+        try:
+            committer.wait()
+        finally:
+            if close:
+                committer.close()
+                self._committer = None
+
+    def _append(self, table: pa.Table) -> None:
+        self._wait_appends()
+        # No refresh before appending: Lance rebases an append onto whatever version is latest at
+        # commit time (appends never conflict), so reading the newest manifest first is wasted I/O.
+        ds = self._ds if self._ds is not None else self._dataset()
+        try:
+            if ds is None:
+                self._create(table)
+            else:
+                self._ds = lance_io.append_table(table, ds, EVENT_SCHEMA, self.storage_options)
+            self._make_durable()
+        except DatagenError:
+            raise
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._translate(exc, "appending a batch") from None
+        if ds is not None:
+            maintenance.maybe_auto_maintain(self)
+
+    def _make_durable(self) -> None:
+        """fsync what a commit wrote before it counts as acknowledged (local logs only)."""
+        ds = self._ds
+        if not self.durable or ds is None or not is_local(self.uri):
+            return
+        files, self._max_fragment_id = lance_io.committed_files(ds, self._max_fragment_id)
+        lance_io.fsync_commit(local_path(self.uri), ds, files)
+
+    def _create(self, table: pa.Table) -> None:
+        """Create the dataset with ``table`` as its first commit (see :func:`lance_io.create_dataset`)."""
+        self._ds = lance_io.create_dataset(table, self.uri, EVENT_SCHEMA, self.storage_options, self._open_dataset)
+
+    # --- writers --------------------------------------------------------------------------------
+
+    def writer(
+        self,
+        writer_id: str,
+        epoch: int,
+        *,
+        processor_version: str | None = None,
+        airflow: dict[str, Any] | None = None,
+    ) -> LogWriter:
+        """A writer owning the items it writes at ``epoch``; a newer epoch fences older writers."""
+        return LogWriter(self, writer_id, epoch, processor_version=processor_version, airflow=airflow)
+
+    def next_epoch(self) -> int:
+        """An epoch higher than any written so far: what a new owner of items should use.
+
+        Every map task asks this first. A fold's ``max_epoch`` counts every row (losers and stale
+        ones too), so when this object's last fold or the state projection covers the log up to some
+        version, only the rows committed since are scanned, not the whole ``writer_epoch`` column.
+        """
+        ds = self._dataset()
+        if ds is None:
+            return 1
+        version = int(ds.version)
+        top, base = 0, None
+        if lance_io.row_versions(ds):
+            folded = projection.memo_base(self, ds) or projection.read_projection(self, version, ["max_epoch"])
+            if folded is not None:
+                top, base = projection.max_of(folded.states["max_epoch"]), folded.version
+        if base != version:
+            since = None if base is None else f"_row_created_at_version > {base}"
+            top = max(top, projection.max_of(self._scan_ds(ds, ["writer_epoch"], since)["writer_epoch"]))
+        return top + 1
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def _events_from(self, table: pa.Table) -> list[Event]:
+        out = []
+        for r in table.to_pylist():
+            out.append(
+                Event(
+                    event_id=r["event_id"],
+                    item_id=r["item_id"],
+                    root_item_id=r["root_item_id"],
+                    parent_item_id=r["parent_item_id"],
+                    item_seq=r["item_seq"],
+                    event_type=EventType(r["event_type"]),
+                    status=r["status"],
+                    coord=StepCoord(
+                        r["step"],
+                        r["step_kind"],
+                        r["enclosing_step"],
+                        r["iteration"],
+                        r["fanout_index"],
+                        r["selector_step"],
+                    ),
+                    field=r["field"],
+                    value_kind=r["value_kind"],
+                    value_json=r["value_json"],
+                    value_size=r["value_size"],
+                    value_digest=r["value_digest"],
+                    input_fingerprint=r["input_fingerprint"],
+                    processor_version=r["processor_version"],
+                    writer_id=r["writer_id"],
+                    writer_epoch=r["writer_epoch"],
+                    error_type=r["error_type"],
+                    error_message=r["error_message"],
+                    error_traceback=r["error_traceback"],
+                    dag_id=r["dag_id"],
+                    run_id=r["run_id"],
+                    task_id=r["task_id"],
+                    map_index=r["map_index"],
+                    try_number=r["try_number"],
+                    created_at=r["created_at"],
+                    schema_version=r["schema_version"],
+                )
+            )
+        return out
+
+    def _dedupe_sorted(self, events: list[Event]) -> list[Event]:
+        best = dedupe(events)
+        return sorted(best.values(), key=lambda e: (e.item_id, e.item_seq, -e.writer_epoch, e.event_key))
+
+    def events(self, item_id: str) -> list[Event]:
+        """Every event of one item, ordered by ``item_seq``, de-duplicated by ``event_id``."""
+        return self._dedupe_sorted(self._copies(item_id))
+
+    def subtree(self, root_id: str) -> list[Event]:
+        """Every event of a root item and its fan-out children (one filter on ``root_item_id``)."""
+        return self._dedupe_sorted(self.subtree_copies(root_id))
+
+    def subtree_copies(self, root_id: str) -> list[Event]:
+        """Every stored row of a root item and its children, duplicates included (for folding)."""
+        check_item_id(root_id)
+        return self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
+
+    def _copies(self, item_id: str) -> list[Event]:
+        """Every stored row of one item, duplicates included: which epochs wrote a copy matters to fencing."""
+        check_item_id(item_id)
+        return self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id)))
+
+    def item_state(self, item_id: str) -> ItemState:
+        """The lifecycle fold of one item (fields hold :class:`BlobRef` for blob-stored values)."""
+        return fold_events(item_id, self._copies(item_id), self.load_blob)
+
+    def item_states(self, item_ids: Iterable[str]) -> dict[str, ItemState]:
+        """Lifecycle folds of many items with one query."""
+        ids = list(dict.fromkeys(item_ids))
+        if not ids:
+            return {}
+        for iid in ids:
+            check_item_id(iid)
+        table = self._scan(NON_BLOB_COLUMNS, pc.field("item_id").isin(pa.array(ids, pa.string())))
+        grouped: dict[str, list[Event]] = {iid: [] for iid in ids}
+        for ev in self._events_from(table):
+            grouped.setdefault(ev.item_id, []).append(ev)
+        return {iid: fold_events(iid, grouped[iid], self.load_blob) for iid in ids}
+
+    def scan(self, columns: Sequence[str], filter: pc.Expression | None = None) -> pa.Table:
+        """Rows of the log projected to ``columns`` (never ``value_blob``), optionally filtered.
+
+        For readers such as the UI that need a filtered projection the lenses do not offer; the
+        schema version is checked and Lance errors are translated as for every other read.
+        """
+        if "value_blob" in columns:
+            raise InvalidEventError("scan() never reads value_blob; use load_blob(event_id) for blob bytes")
+        return self._scan(columns, filter)
+
+    def completed_root_states(self) -> dict[str, ItemState]:
+        """Lifecycle folds of every completed root item, from one scan of the non-blob columns."""
+        states = self.states()
+        if states.num_rows == 0:
+            return {}
+        done = states.filter(
+            pc.and_(
+                pc.equal(states["status"], ItemStatus.COMPLETED.value),
+                pc.equal(pc.count_substring(states["item_id"], "/"), 0),
+            )
+        )
+        ids = done["item_id"]
+        cols = [c for c in NON_BLOB_COLUMNS if c not in ("error_traceback", "error_message")]
+        table = self._scan(cols)
+        table = table.filter(pc.is_in(table["item_id"], value_set=ids))
+        for missing in ("error_traceback", "error_message"):
+            table = table.append_column(missing, pa.nulls(table.num_rows, pa.string()))
+        grouped: dict[str, list[Event]] = {}
+        for ev in self._events_from(table):
+            grouped.setdefault(ev.item_id, []).append(ev)
+        return {iid: fold_events(iid, evs, self.load_blob) for iid, evs in grouped.items()}
+
+    def failures(self, item_id: str | None = None) -> list[FailureRecord]:
+        """The failure lens: FAILED rows and fencing violations, of one item or of the whole log."""
+        if item_id is not None:
+            evs = self._copies(item_id)
+            return failure_records(evs, fold_events(item_id, evs).violations)
+        table = self._scan(NON_BLOB_COLUMNS, pc.field("event_type") == pa.scalar(EventType.FAILED.value))
+        states = self.states()
+        bad = states.filter(pc.greater(states["violations"], 0))["item_id"].to_pylist()
+        violations = [v for iid in bad for v in fold_events(iid, self._copies(iid)).violations]
+        return failure_records(self._events_from(table), violations)
+
+    # --- states ---------------------------------------------------------------------------------
+
+    def states(self) -> pa.Table:
+        """Vectorized fold of every item: one row per item (see ``fold.STATE_SCHEMA``).
+
+        Uses the state projection written by :meth:`maintain` when there is one: items with events
+        newer than the projection's log version (``_row_created_at_version``) are re-folded from all
+        their events; every other row is exact as stored. Without a usable projection it folds the
+        light columns of the whole log.
+        """
+        return self._states(None)[0]
+
+    def states_for(self, ids: pa.Array | Sequence[str]) -> tuple[pa.Table, np.ndarray]:
+        """:meth:`states`, and for each of ``ids`` (unique) its row there, or -1 when it has no events.
+
+        The planner's read. Without a usable projection the fold matches ``ids`` while it encodes
+        the log's item ids (``fold.fold_batches``): one hashing pass over the ids instead of two.
+        """
+        table, index = self._states(ids)
+        if index is None:
+            index = projection.rows_of(table, projection.id_array(ids))
+        return table, index
+
+    def _states(self, ids: pa.Array | Sequence[str] | None) -> tuple[pa.Table, np.ndarray | None]:
+        ds = self._dataset()
+        if ds is None:
+            return STATE_SCHEMA.empty_table(), None
+        table, index = projection.states_at(self, ds, ids)
+        if self.remember_fold:
+            version = int(ds.version)
+            self._memo = projection.FoldMemo(version, projection.version_token(self, version, ds), table)
+        return table, index
+
+    def refresh_projection(
+        self,
+        *,
+        min_new_events: int | None = None,
+        cleanup_older_than: dt.timedelta = dt.timedelta(hours=1),
+    ) -> bool:
+        """Store this object's last fold as the state projection when it covers many more events.
+
+        A planner has just folded the whole log; without a projection every mapped task would fold
+        it again from scratch (seconds and most of a GiB at millions of events). Writing the fold it
+        already has costs a fraction of one fold, and only when at least ``min_new_events`` events
+        are covered by this fold but not by the projection (default
+        :data:`~airflow_provider_datagen.core.store.maintenance.PROJECTION_MIN_NEW_EVENTS`). The
+        fold's identity (see ``lance_io.version_token``) is what proves it is of this log. Returns
+        whether it wrote.
+        """
+        return maintenance.refresh_projection(
+            self, min_new_events=min_new_events, cleanup_older_than=cleanup_older_than
+        )
+
+    def _projection_version(self) -> int:
+        """The log version the state projection folds; 0 when there is none it could be read as."""
+        return projection.projection_version(self)
+
+    def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
+        """The ``datagen_status`` dict: root items by lifecycle status, failures, the log version."""
+        if states is None:
+            states = self.states()
+        ids = states["item_id"]
+        depth = pc.count_substring(ids, "/") if states.num_rows else pa.array([], pa.int64())
+        roots = states.filter(pc.equal(depth, 0)) if states.num_rows else states
+        counts = {s.value: 0 for s in ItemStatus}
+        if roots.num_rows:
+            vc = pc.value_counts(roots["status"])
+            for entry in vc.to_pylist():
+                counts[entry["values"]] = int(entry["counts"])
+        failed = roots.filter(failed_mask(roots)) if roots.num_rows else roots
+        values = {
+            "pipeline": self.pipeline,
+            "experiment": self.experiment,
+            "total": roots.num_rows,
+            "completed": counts[ItemStatus.COMPLETED.value],
+            "filtered": counts[ItemStatus.FILTERED.value],
+            "running": counts[ItemStatus.RUNNING.value],
+            "never_started": counts[ItemStatus.NEVER_STARTED.value],
+            "failed_items": failed.num_rows,
+            "failed_item_ids": sorted(failed["item_id"].to_pylist())[:FAILED_SAMPLE],
+            "pending": counts[ItemStatus.RUNNING.value] + counts[ItemStatus.NEVER_STARTED.value],
+            "children": states.num_rows - roots.num_rows,
+            "fencing_violations": int(pc.sum(states["violations"]).as_py() or 0) if states.num_rows else 0,
+            "log_version": self.version,
+        }
+        return {key: values[key] for key in STATUS_KEYS}
+
+    # --- blobs, stats, snapshots ------------------------------------------------------------------
+
+    def load_blob(self, event_id: str) -> bytes:
+        """The bytes of a blob-stored value; the only read that touches ``value_blob``."""
+        ds = self._dataset()
+        if ds is None:
+            raise InvalidEventError(f"no event {event_id!r}: the log {self.uri} is empty")
+        try:
+            hit = ds.to_table(
+                columns=["event_id", "value_kind", "value_size"],
+                filter=_sql_free_eq("event_id", event_id),
+                with_row_id=True,
+            )
+            if hit.num_rows == 0:
+                raise InvalidEventError(f"no event {event_id!r} in {self.uri}")
+            if hit["value_kind"][0].as_py() is None or hit["value_size"][0].as_py() is None:
+                raise InvalidEventError(f"event {event_id!r} carries no value")
+            blobs = ds.take_blobs("value_blob", ids=[int(hit["_rowid"][0].as_py())])
+        except (OSError, RuntimeError) as exc:
+            raise self._translate(exc, f"loading blob {event_id}") from None
+        blob = blobs[0]
+        if blob is None:
+            raise InvalidEventError(f"event {event_id!r} stores its value inline; read it from item_state()")
+        with blob as f:
+            return f.read()
+
+    def stats(self) -> dict[str, Any]:
+        """Version, fragment count, event count and on-disk size of the log."""
+        ds = self._dataset()
+        if ds is None:
+            return {"version": 0, "fragments": 0, "events": 0, "size_bytes": 0}
+        size = 0
+        if is_local(self.uri):
+            for dirpath, _, files in os.walk(local_path(self.uri)):
+                for name in files:
+                    with contextlib.suppress(OSError):
+                        size += os.path.getsize(os.path.join(dirpath, name))
+        return {
+            "version": int(ds.version),
+            "fragments": len(ds.get_fragments()),
+            "events": int(ds.count_rows()),
+            "size_bytes": size,
+        }
+
+    def write_source_snapshot(self, items: Sequence[SourceItem]) -> str:
+        """Store an inline source once, content-addressed beside the log; returns its URI."""
+        uri = snapshot_uri(self.uri, snapshot_digest(list(items)))
+
+        def table() -> pa.Table:
+            return pa.table(
+                {
+                    "item_id": [s.item_id for s in items],
+                    "item": [canonical_json(s.data, what=f"item {s.item_id!r}") for s in items],
+                }
+            )
+
+        lance_io.write_source_snapshot(uri, table, self.storage_options, log_uri=self.uri)
+        return uri
+
+    # --- maintenance ----------------------------------------------------------------------------
+
+    def maintain(
+        self,
+        *,
+        cleanup_older_than: dt.timedelta = dt.timedelta(hours=1),
+        target_rows_per_fragment: int = 1 << 20,
+    ) -> dict[str, Any]:
+        """Compact fragments, build or refresh scalar indices, drop old versions; safe beside writers.
+
+        Compaction rewrites existing fragments only and commits optimistically, so appends that land
+        meanwhile are kept; stable row ids keep blob references valid; cleanup keeps every version
+        younger than ``cleanup_older_than`` so concurrent readers never lose the files they read. It
+        also stores the state projection (see :mod:`.maintenance`).
+        """
+        return maintenance.maintain(
+            self, cleanup_older_than=cleanup_older_than, target_rows_per_fragment=target_rows_per_fragment
+        )

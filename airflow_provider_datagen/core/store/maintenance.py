@@ -1,0 +1,162 @@
+"""Maintenance of a log: compaction, scalar indices, cleanup and the state projection, under a lease.
+
+Many small appends make many fragments, and an index does not cover fragments appended after it
+was built, so one maintenance worker per experiment at a time compacts, refreshes the indices,
+drops old versions and stores the state projection; it never loses an event written concurrently
+(see docs/design.md, "Mapping onto Lance"). A planner also stores its fold as the projection here,
+under the same lease.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_datagen.core.store import lance_io, projection
+from airflow_provider_datagen.core.store.paths import LEASE_FILE, experiment_uri, is_local, local_path
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from airflow_provider_datagen.core.store.log import CheckpointLog
+
+logger = logging.getLogger(__name__)
+
+INDEXED_COLUMNS = ("item_id", "root_item_id", "event_id")
+#: Events a fold must cover beyond the state projection before a planner stores it as the new one.
+PROJECTION_MIN_NEW_EVENTS = 1 << 20
+#: Appends between two counts of a log's fragments (counting lists the manifest).
+_AUTO_CHECK_EVERY = 32
+
+
+class MaintenanceLease:
+    """At most one maintenance worker per experiment on this host (a non-blocking file lock).
+
+    On object stores two maintainers can still race; Lance's optimistic commit then rejects the later
+    compaction, which :func:`maintain` reports as skipped. Nothing is lost either way.
+    """
+
+    def __init__(self, uri: str) -> None:
+        local = os.path.normpath(local_path(experiment_uri(uri))) if is_local(uri) else None
+        self._path = os.path.join(local, LEASE_FILE) if local is not None else None
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        if self._path is None:
+            return True
+        os.makedirs(os.path.dirname(os.path.abspath(self._path)), exist_ok=True)
+        fd = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def maintain(log: CheckpointLog, *, cleanup_older_than: dt.timedelta, target_rows_per_fragment: int) -> dict[str, Any]:
+    """See :meth:`CheckpointLog.maintain`."""
+    if log._dataset() is None:
+        return {"skipped": True, "reason": "the log is empty"}
+    lease = MaintenanceLease(log.uri)
+    if not lease.acquire():
+        return {"skipped": True, "reason": "another maintenance worker holds the lease"}
+    try:
+        ds = log._dataset()
+        if ds is None:
+            return {"skipped": True, "reason": "the log is empty"}
+        before = len(ds.get_fragments())
+        try:
+            ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
+            ds = log._dataset()
+            assert ds is not None
+            present = {idx.field_names[0] for idx in ds.describe_indices() if idx.field_names}
+            for col in INDEXED_COLUMNS:
+                if col not in present:
+                    ds.create_scalar_index(col, "BTREE")
+            ds = log._dataset()
+            assert ds is not None
+            ds.optimize.optimize_indices()
+            ds = log._dataset()
+            assert ds is not None
+            removed = ds.cleanup_old_versions(older_than=cleanup_older_than)
+        except lance_io.LANCE_ERRORS as exc:
+            if "conflict" in str(exc).lower() or "retryable" in str(exc).lower():
+                return {"skipped": True, "reason": f"a concurrent maintenance committed first ({exc})"}
+            raise log._translate(exc, "maintaining the log") from None
+        ds = log._dataset()
+        assert ds is not None
+        projected = projection.write_projection(log, ds, cleanup_older_than)
+        return {
+            "skipped": False,
+            "projected_items": projected,
+            "fragments_before": before,
+            "fragments_after": len(ds.get_fragments()),
+            "version": int(ds.version),
+            "removed_versions": int(getattr(removed, "old_versions", 0) or 0),
+            "indices": sorted(INDEXED_COLUMNS),
+        }
+    finally:
+        lease.release()
+
+
+def maybe_auto_maintain(log: CheckpointLog) -> None:
+    """After an append: maintain once the log has ``auto_maintain_fragments`` fragments or more."""
+    limit = log.auto_maintain_fragments
+    ds = log._ds
+    if not limit or ds is None:
+        return
+    log._appends_since_check += 1
+    # Counting fragments lists the manifest; once every 32 appends is plenty for a bound of hundreds.
+    if log._appends_since_check < _AUTO_CHECK_EVERY:
+        return
+    log._appends_since_check = 0
+    fragments = len(ds.get_fragments())
+    if fragments >= limit:
+        logger.info("log %s has %d fragments: running maintenance", log.uri, fragments)
+        log.maintain()
+
+
+def refresh_projection(log: CheckpointLog, *, min_new_events: int | None, cleanup_older_than: dt.timedelta) -> bool:
+    """See :meth:`CheckpointLog.refresh_projection`."""
+    if min_new_events is None:
+        min_new_events = PROJECTION_MIN_NEW_EVENTS
+    ds = log._dataset()
+    if ds is None or not lance_io.row_versions(ds):
+        return False
+    folded = projection.memo_base(log, ds)
+    if folded is None:
+        return False
+    table, version = folded
+    stored_version = projection.projection_version(log)
+    if stored_version >= version:
+        return False
+    try:
+        new = ds.count_rows(
+            filter=f"_row_created_at_version > {stored_version} AND _row_created_at_version <= {version}"
+        )
+    except lance_io.LANCE_ERRORS as exc:
+        raise log._translate(exc, "reading the log") from None
+    if new < min_new_events:
+        return False
+    lease = MaintenanceLease(log.uri)
+    if not lease.acquire():  # a maintenance is writing a newer projection
+        return False
+    try:
+        stored = projection.store_projection(log, table, version, cleanup_older_than)
+    finally:
+        lease.release()
+    if stored:
+        logger.info(
+            "stored the fold of %s at version %d as its state projection (%d new events)", log.uri, version, new
+        )
+    return stored

@@ -1,0 +1,207 @@
+"""The states of a log: the fold memo, the disposable state projection, and the streamed cold fold.
+
+:meth:`CheckpointLog.states` folds every item. Two caches spare it the whole log: the fold this
+object made last (the *memo*), and the *state projection* ``state.lance`` that maintenance and
+planners store beside the log. Both are the states at some log version; only the items with events
+after that version are folded again. Both are disposable (see docs/design.md, "Lenses"): any doubt
+about one (missing, unreadable, another schema, not provably of this log) means a full fold.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_datagen.core.fold import STATE_SCHEMA, MisalignedStreamsError, fold_batches, fold_table
+from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, LIGHT_COLUMNS
+from airflow_provider_datagen.core.store import lance_io
+from airflow_provider_datagen.core.store.paths import is_local
+from airflow_provider_datagen.exceptions import LogCorruptedError
+
+if TYPE_CHECKING:
+    import datetime as dt
+    from collections.abc import Sequence
+
+    from airflow_provider_datagen.core.store.log import CheckpointLog
+
+logger = logging.getLogger(__name__)
+
+
+class FoldMemo(NamedTuple):
+    """The last fold of a log object: its version, that version's manifest identity, the states."""
+
+    version: int
+    token: tuple[Any, ...] | None
+    states: pa.Table
+
+
+class Folded(NamedTuple):
+    """States folded at a log version (from the memo or the projection)."""
+
+    states: pa.Table
+    version: int
+
+
+class StoredProjection(NamedTuple):
+    """The projection dataset and the log version it folds."""
+
+    dataset: lance.LanceDataset
+    log_version: int
+
+
+def version_token(log: CheckpointLog, version: int, ds: lance.LanceDataset) -> tuple[Any, ...] | None:
+    """The identity of ``version`` of the log: a log deleted and written again reuses numbers."""
+    return lance_io.version_token(log.uri, version, ds)
+
+
+def memo_base(log: CheckpointLog, ds: lance.LanceDataset) -> Folded | None:
+    """The states ``log`` folded last, when they are of this log at ``ds``'s version or before it.
+
+    A map task folds the log to plan its chunk and again for its status after writing: the
+    second fold then reads only the items the task touched, as with the projection.
+    """
+    memo = log._memo
+    if memo is None or memo.token is None or memo.version > int(ds.version):
+        return None
+    if memo.token != version_token(log, memo.version, ds):
+        return None
+    return Folded(memo.states, memo.version)
+
+
+def states_at(
+    log: CheckpointLog, ds: lance.LanceDataset, ids: pa.Array | Sequence[str] | None
+) -> tuple[pa.Table, np.ndarray | None]:
+    """The states of the log at ``ds``'s version, from the memo or the projection plus the events since.
+
+    With ``ids`` and a full fold, also the row of each of them (see ``fold.fold_batches``).
+    """
+    version = int(ds.version)
+    base = (memo_base(log, ds) or read_projection(log, version)) if lance_io.row_versions(ds) else None
+    if base is not None:
+        table, base_version = base
+        if base_version == version:
+            return table, None
+        delta = log._scan_ds(ds, ["item_id"], f"_row_created_at_version > {base_version}")
+        touched = pc.unique(delta["item_id"])
+        if len(touched) == 0:
+            return table, None
+        if len(touched) <= max(1000, table.num_rows // 4):
+            events = log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(touched))
+            kept = table.filter(pc.invert(pc.is_in(table["item_id"], value_set=touched)))
+            return pa.concat_tables([kept, fold_table(events)]), None
+    return fold_scan(log, ds, ids)
+
+
+def fold_scan(
+    log: CheckpointLog, ds: lance.LanceDataset, ids: pa.Array | Sequence[str] | None
+) -> tuple[pa.Table, np.ndarray | None]:
+    """Fold the whole log from streamed scans of its light columns (see ``fold.fold_batches``).
+
+    Reading the columns whole held about 1.2 GB for 5M events; streams of batches reduced as
+    they arrive hold their numbers and a fifth of their strings. The item ids are one stream
+    and the other columns a second, of the same pinned version, so the ids are hashed while
+    the wider columns are still read; Lance decodes ahead on its own threads.
+    """
+    try:
+        pinned = ds.checkout_version(int(ds.version))
+    except lance_io.LANCE_ERRORS as exc:
+        raise log._translate(exc, "reading the log") from None
+    other = [c for c in LIGHT_COLUMNS if c != "item_id"]
+    wanted = None if ids is None else id_array(ids)
+    try:
+        return fold_batches(log._batches(pinned, ["item_id"], checked=False), wanted, other=log._batches(pinned, other))
+    except MisalignedStreamsError:  # one pinned version cannot differ; never fold misaligned rows
+        raise LogCorruptedError(f"reading {log.uri}: two scans of version {pinned.version} differ") from None
+
+
+def open_projection(log: CheckpointLog) -> StoredProjection | None:
+    """The state projection and the log version it folds, when it is one this code can read."""
+    uri = log.projection_uri
+    if is_local(uri) and not os.path.isdir(os.path.join(uri, "_versions")):
+        return None
+    try:
+        pds = lance_io.open_dataset(uri, log.storage_options)
+    except lance_io.LANCE_ERRORS as exc:
+        # on an object store there is no directory to look for first: absent is the usual case
+        if "not found" not in str(exc).lower():
+            logger.warning("ignoring the state projection of %s: %s", log.uri, str(exc)[:200])
+        return None
+    meta = pds.schema.metadata or {}
+    if (
+        int(meta.get(b"datagen_schema_version", b"0")) != DATAGEN_SCHEMA_VERSION
+        or pds.schema.remove_metadata() != STATE_SCHEMA
+    ):
+        return None
+    return StoredProjection(pds, int(meta.get(b"log_version", b"-1")))
+
+
+def read_projection(log: CheckpointLog, log_version: int, columns: Sequence[str] | None = None) -> Folded | None:
+    """The state projection (or its ``columns``) and the log version it folds; None when unusable.
+
+    A projection of a version ahead of the log (a log deleted and written again) is unusable too.
+    """
+    stored = open_projection(log)
+    if stored is None or not 0 < stored.log_version <= log_version:
+        return None
+    try:
+        table = stored.dataset.to_table(columns=None if columns is None else list(columns))
+    except lance_io.LANCE_ERRORS as exc:
+        logger.warning("ignoring the state projection of %s: %s", log.uri, str(exc)[:200])
+        return None
+    return Folded(table.replace_schema_metadata(None), stored.log_version)
+
+
+def projection_version(log: CheckpointLog) -> int:
+    """The log version the state projection folds; 0 when there is none it could be read as."""
+    stored = open_projection(log)
+    return 0 if stored is None else max(stored.log_version, 0)
+
+
+def write_projection(log: CheckpointLog, ds: lance.LanceDataset, cleanup_older_than: dt.timedelta) -> int:
+    """Fold the log at ``ds``'s version and store the result as the state projection; returns its rows."""
+    table = fold_scan(log, ds, None)[0]
+    store_projection(log, table, int(ds.version), cleanup_older_than)
+    return table.num_rows
+
+
+def store_projection(log: CheckpointLog, table: pa.Table, version: int, cleanup_older_than: dt.timedelta) -> bool:
+    """Store ``table``, the fold of the log at ``version``, as the state projection.
+
+    Each write is an overwrite, a new version of ``state.lance``; old versions are removed on the
+    log's own retention, else every maintenance would leave a full copy behind. A reader that loses
+    its version to the cleanup just folds the log (the projection is disposable).
+    """
+    table = table.replace_schema_metadata(
+        {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
+    )
+    try:
+        written = lance.write_dataset(table, log.projection_uri, mode="overwrite", storage_options=log.storage_options)
+        written.cleanup_old_versions(older_than=cleanup_older_than)
+    except lance_io.LANCE_ERRORS as exc:
+        logger.warning("could not write the state projection of %s: %s", log.uri, str(exc)[:200])
+        return False
+    return True
+
+
+def id_array(ids: pa.Array | Sequence[str]) -> pa.Array:
+    return ids if isinstance(ids, pa.Array) else pa.array(ids, pa.string())
+
+
+def rows_of(states: pa.Table, ids: pa.Array) -> np.ndarray:
+    """For each of ``ids``, its row in ``states`` (-1 when absent)."""
+    if states.num_rows == 0:
+        return np.full(len(ids), -1, dtype=np.int64)
+    found = pc.index_in(ids, value_set=states["item_id"]).fill_null(-1)
+    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def max_of(col: pa.ChunkedArray | pa.Array) -> int:
+    """The largest value of an integer column; 0 when it is empty."""
+    top = pc.max(col).as_py() if len(col) else None
+    return 0 if top is None else int(top)
