@@ -27,6 +27,7 @@ def experiment_path(pipeline: str, experiment: str) -> str:
 
 def ui_url(path: str) -> str:
     """``path`` (relative to the plugin prefix) under ``[api] base_url``; a root-relative URL if unset."""
+    # Deferred: the configuration is read when a link is built, not when operators import this module.
     try:
         from airflow.sdk.configuration import conf
     except ImportError:  # pragma: no cover - every Airflow 3.3 install has the task SDK

@@ -42,7 +42,7 @@ def synth_events(items: list[dict[str, object]], done_fraction: float, seed: int
     # Hex ids whose first 16 digits are the item index, as event_key_of() expects of real ids.
     row_no = np.arange(total, dtype=np.int64)
     event_id = pa.array(np.char.add(np.char.mod("%016x", row_no), np.char.mod("%016x", seq)).astype(object))
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cols = {
         "event_id": event_id,
         "event_key": pa.array(row_no, pa.int64()),

@@ -252,3 +252,48 @@ class Event:
         if self.value_json is not None:
             return json.loads(self.value_json)
         return BlobRef(self.event_id, self.value_kind, self.value_size or 0, self.value_digest or "", loader)
+
+
+def events_from_table(table: pa.Table) -> list[Event]:
+    """Decode rows of the log (every light column) into :class:`Event` objects, in row order."""
+    out = []
+    for r in table.to_pylist():
+        out.append(
+            Event(
+                event_id=r["event_id"],
+                item_id=r["item_id"],
+                root_item_id=r["root_item_id"],
+                parent_item_id=r["parent_item_id"],
+                item_seq=r["item_seq"],
+                event_type=EventType(r["event_type"]),
+                status=r["status"],
+                coord=StepCoord(
+                    r["step"],
+                    r["step_kind"],
+                    r["enclosing_step"],
+                    r["iteration"],
+                    r["fanout_index"],
+                    r["selector_step"],
+                ),
+                field=r["field"],
+                value_kind=r["value_kind"],
+                value_json=r["value_json"],
+                value_size=r["value_size"],
+                value_digest=r["value_digest"],
+                input_fingerprint=r["input_fingerprint"],
+                processor_version=r["processor_version"],
+                writer_id=r["writer_id"],
+                writer_epoch=r["writer_epoch"],
+                error_type=r["error_type"],
+                error_message=r["error_message"],
+                error_traceback=r["error_traceback"],
+                dag_id=r["dag_id"],
+                run_id=r["run_id"],
+                task_id=r["task_id"],
+                map_index=r["map_index"],
+                try_number=r["try_number"],
+                created_at=r["created_at"],
+                schema_version=r["schema_version"],
+            )
+        )
+    return out

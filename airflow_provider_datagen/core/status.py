@@ -58,3 +58,35 @@ def display_status(row: Mapping[str, Any]) -> str:
     """The status a page shows for a state row: ``failed`` when :func:`is_failed`, else the lifecycle."""
     status = str(row["status"])
     return FAILED if is_failed(status, row.get("failures")) else status
+
+
+def summarize(states: pa.Table, *, pipeline: str, experiment: str, log_version: int) -> dict[str, Any]:
+    """The ``datagen_status`` dict of a state table: root items by lifecycle status, failures, children.
+
+    Counts are over root items (children are counted apart); ``pending`` is what a rerun would touch:
+    running (failed included) plus never started.
+    """
+    roots = states
+    if states.num_rows:
+        roots = states.filter(pc.equal(pc.count_substring(states["item_id"], "/"), 0))
+    counts = {s.value: 0 for s in ItemStatus}
+    if roots.num_rows:
+        for entry in pc.value_counts(roots["status"]).to_pylist():
+            counts[entry["values"]] = int(entry["counts"])
+    failed = roots.filter(failed_mask(roots)) if roots.num_rows else roots
+    values = {
+        "pipeline": pipeline,
+        "experiment": experiment,
+        "total": roots.num_rows,
+        "completed": counts[ItemStatus.COMPLETED.value],
+        "filtered": counts[ItemStatus.FILTERED.value],
+        "running": counts[ItemStatus.RUNNING.value],
+        "never_started": counts[ItemStatus.NEVER_STARTED.value],
+        "failed_items": failed.num_rows,
+        "failed_item_ids": sorted(failed["item_id"].to_pylist())[:FAILED_SAMPLE] if failed.num_rows else [],
+        "pending": counts[ItemStatus.RUNNING.value] + counts[ItemStatus.NEVER_STARTED.value],
+        "children": states.num_rows - roots.num_rows,
+        "fencing_violations": int(pc.sum(states["violations"]).as_py() or 0) if states.num_rows else 0,
+        "log_version": log_version,
+    }
+    return {key: values[key] for key in STATUS_KEYS}

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_datagen.exceptions import ConfigurationError
 
@@ -33,6 +34,7 @@ _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 def default_root() -> str:
     """Return the embedded default root, ``$AIRFLOW_HOME/datagen``, used when no connection exists."""
+    # Deferred and guarded: the full Airflow configuration is absent on a task-SDK-only worker.
     try:
         from airflow.configuration import get_airflow_home
     except ImportError:  # a worker with only the task SDK installed
@@ -90,8 +92,6 @@ class DatagenHook(BaseHook):
     @cached_property
     def connection(self) -> Connection | None:
         """The Airflow connection, or ``None`` when it does not exist (the embedded default applies)."""
-        from airflow.sdk.exceptions import AirflowNotFoundException
-
         try:
             return self.get_connection(self.datagen_conn_id)
         except AirflowNotFoundException:
@@ -248,6 +248,7 @@ class DatagenHook(BaseHook):
 
     @staticmethod
     def _mask(options: dict[str, str]) -> None:
+        # Deferred: masking matters only once a connection with secrets is read, not on import.
         try:
             from airflow.sdk.log import mask_secret
         except ImportError:  # pragma: no cover - the task SDK always ships it

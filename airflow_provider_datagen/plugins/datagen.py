@@ -54,6 +54,7 @@ def get_app() -> Any:
     global _app
     with _app_lock:
         if _app is None:
+            # Deferred: every Airflow component loads this plugin module; only the API server builds the app.
             from airflow_provider_datagen.plugins.app import create_app
 
             _app = create_app()

@@ -322,3 +322,15 @@ def write_results_dataset(table: pa.Table, uri: str, storage_options: dict[str, 
         lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
     except (OSError, ValueError) as exc:
         raise LogWriteError(f"writing the export to {uri} failed: {str(exc)[:300]}") from None
+
+
+def local_size_bytes(uri: str) -> int:
+    """The bytes a local dataset takes on disk; 0 for an object-store URI (listing it would cost requests)."""
+    if not is_local(uri):
+        return 0
+    size = 0
+    for dirpath, _, files in os.walk(local_path(uri)):
+        for name in files:
+            with contextlib.suppress(OSError):
+                size += os.path.getsize(os.path.join(dirpath, name))
+    return size

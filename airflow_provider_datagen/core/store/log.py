@@ -3,16 +3,14 @@
 A checkpoint batch is one Lance append (one commit); retried batches may land twice and the read
 path de-duplicates them by ``event_id``; writers are told apart by ``writer_id``/``writer_epoch``;
 blob bytes live in a blob-encoded ``value_blob`` column, located by ``event_id`` and fetched by stable
-row id (see docs/design.md, "The event log" and "Mapping onto Lance"). This module opens and
+row id (see docs/design.md, "The event log" and "Where we differ from the original design"). This module opens and
 validates the dataset, appends to it, and serves the reads and lenses; staging and numbering events
 (:mod:`.batch`, :mod:`.writer`), the states cache (:mod:`.projection`), maintenance
-(:mod:`.maintenance`) and raw Lance I/O (:mod:`.lance_io`) live beside it. Over 600 lines because
-the public read API (the lenses, states, summary, blobs, stats) is one job, documented method by method.
+(:mod:`.maintenance`) and raw Lance I/O (:mod:`.lance_io`) live beside it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import threading
@@ -21,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_datagen.core.events import Event, StepCoord, canonical_json
+from airflow_provider_datagen.core.events import Event, canonical_json, events_from_table
 from airflow_provider_datagen.core.fold import (
     STATE_SCHEMA,
     FailureRecord,
@@ -40,7 +38,7 @@ from airflow_provider_datagen.core.schema import (
     ItemStatus,
 )
 from airflow_provider_datagen.core.sources import snapshot_digest
-from airflow_provider_datagen.core.status import FAILED_SAMPLE, STATUS_KEYS, failed_mask
+from airflow_provider_datagen.core.status import summarize
 from airflow_provider_datagen.core.store import lance_io, maintenance, projection
 from airflow_provider_datagen.core.store.batch import check_item_id
 from airflow_provider_datagen.core.store.paths import is_local, local_path, log_uri, projection_uri, snapshot_uri
@@ -379,49 +377,6 @@ class CheckpointLog:
 
     # --- reads ----------------------------------------------------------------------------------
 
-    def _events_from(self, table: pa.Table) -> list[Event]:
-        out = []
-        for r in table.to_pylist():
-            out.append(
-                Event(
-                    event_id=r["event_id"],
-                    item_id=r["item_id"],
-                    root_item_id=r["root_item_id"],
-                    parent_item_id=r["parent_item_id"],
-                    item_seq=r["item_seq"],
-                    event_type=EventType(r["event_type"]),
-                    status=r["status"],
-                    coord=StepCoord(
-                        r["step"],
-                        r["step_kind"],
-                        r["enclosing_step"],
-                        r["iteration"],
-                        r["fanout_index"],
-                        r["selector_step"],
-                    ),
-                    field=r["field"],
-                    value_kind=r["value_kind"],
-                    value_json=r["value_json"],
-                    value_size=r["value_size"],
-                    value_digest=r["value_digest"],
-                    input_fingerprint=r["input_fingerprint"],
-                    processor_version=r["processor_version"],
-                    writer_id=r["writer_id"],
-                    writer_epoch=r["writer_epoch"],
-                    error_type=r["error_type"],
-                    error_message=r["error_message"],
-                    error_traceback=r["error_traceback"],
-                    dag_id=r["dag_id"],
-                    run_id=r["run_id"],
-                    task_id=r["task_id"],
-                    map_index=r["map_index"],
-                    try_number=r["try_number"],
-                    created_at=r["created_at"],
-                    schema_version=r["schema_version"],
-                )
-            )
-        return out
-
     def _dedupe_sorted(self, events: list[Event]) -> list[Event]:
         best = dedupe(events)
         return sorted(best.values(), key=lambda e: (e.item_id, e.item_seq, -e.writer_epoch, e.event_key))
@@ -437,12 +392,12 @@ class CheckpointLog:
     def subtree_copies(self, root_id: str) -> list[Event]:
         """Every stored row of a root item and its children, duplicates included (for folding)."""
         check_item_id(root_id)
-        return self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
+        return events_from_table(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
 
     def _copies(self, item_id: str) -> list[Event]:
         """Every stored row of one item, duplicates included: which epochs wrote a copy matters to fencing."""
         check_item_id(item_id)
-        return self._events_from(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id)))
+        return events_from_table(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id)))
 
     def item_state(self, item_id: str) -> ItemState:
         """The lifecycle fold of one item (fields hold :class:`BlobRef` for blob-stored values)."""
@@ -457,7 +412,7 @@ class CheckpointLog:
             check_item_id(iid)
         table = self._scan(NON_BLOB_COLUMNS, pc.field("item_id").isin(pa.array(ids, pa.string())))
         grouped: dict[str, list[Event]] = {iid: [] for iid in ids}
-        for ev in self._events_from(table):
+        for ev in events_from_table(table):
             grouped.setdefault(ev.item_id, []).append(ev)
         return {iid: fold_events(iid, grouped[iid], self.load_blob) for iid in ids}
 
@@ -489,7 +444,7 @@ class CheckpointLog:
         for missing in ("error_traceback", "error_message"):
             table = table.append_column(missing, pa.nulls(table.num_rows, pa.string()))
         grouped: dict[str, list[Event]] = {}
-        for ev in self._events_from(table):
+        for ev in events_from_table(table):
             grouped.setdefault(ev.item_id, []).append(ev)
         return {iid: fold_events(iid, evs, self.load_blob) for iid, evs in grouped.items()}
 
@@ -502,7 +457,7 @@ class CheckpointLog:
         states = self.states()
         bad = states.filter(pc.greater(states["violations"], 0))["item_id"].to_pylist()
         violations = [v for iid in bad for v in fold_events(iid, self._copies(iid)).violations]
-        return failure_records(self._events_from(table), violations)
+        return failure_records(events_from_table(table), violations)
 
     # --- states ---------------------------------------------------------------------------------
 
@@ -562,34 +517,10 @@ class CheckpointLog:
         return projection.projection_version(self)
 
     def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
-        """The ``datagen_status`` dict: root items by lifecycle status, failures, the log version."""
+        """The ``datagen_status`` dict of this log (see :func:`~airflow_provider_datagen.core.status.summarize`)."""
         if states is None:
             states = self.states()
-        ids = states["item_id"]
-        depth = pc.count_substring(ids, "/") if states.num_rows else pa.array([], pa.int64())
-        roots = states.filter(pc.equal(depth, 0)) if states.num_rows else states
-        counts = {s.value: 0 for s in ItemStatus}
-        if roots.num_rows:
-            vc = pc.value_counts(roots["status"])
-            for entry in vc.to_pylist():
-                counts[entry["values"]] = int(entry["counts"])
-        failed = roots.filter(failed_mask(roots)) if roots.num_rows else roots
-        values = {
-            "pipeline": self.pipeline,
-            "experiment": self.experiment,
-            "total": roots.num_rows,
-            "completed": counts[ItemStatus.COMPLETED.value],
-            "filtered": counts[ItemStatus.FILTERED.value],
-            "running": counts[ItemStatus.RUNNING.value],
-            "never_started": counts[ItemStatus.NEVER_STARTED.value],
-            "failed_items": failed.num_rows,
-            "failed_item_ids": sorted(failed["item_id"].to_pylist())[:FAILED_SAMPLE],
-            "pending": counts[ItemStatus.RUNNING.value] + counts[ItemStatus.NEVER_STARTED.value],
-            "children": states.num_rows - roots.num_rows,
-            "fencing_violations": int(pc.sum(states["violations"]).as_py() or 0) if states.num_rows else 0,
-            "log_version": self.version,
-        }
-        return {key: values[key] for key in STATUS_KEYS}
+        return summarize(states, pipeline=self.pipeline, experiment=self.experiment, log_version=self.version)
 
     # --- blobs, stats, snapshots ------------------------------------------------------------------
 
@@ -622,17 +553,11 @@ class CheckpointLog:
         ds = self._dataset()
         if ds is None:
             return {"version": 0, "fragments": 0, "events": 0, "size_bytes": 0}
-        size = 0
-        if is_local(self.uri):
-            for dirpath, _, files in os.walk(local_path(self.uri)):
-                for name in files:
-                    with contextlib.suppress(OSError):
-                        size += os.path.getsize(os.path.join(dirpath, name))
         return {
             "version": int(ds.version),
             "fragments": len(ds.get_fragments()),
             "events": int(ds.count_rows()),
-            "size_bytes": size,
+            "size_bytes": lance_io.local_size_bytes(self.uri),
         }
 
     def write_source_snapshot(self, items: Sequence[SourceItem]) -> str:

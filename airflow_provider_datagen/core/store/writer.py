@@ -418,7 +418,7 @@ class LogWriter:
         for key, typ in _AIRFLOW_COLUMNS.items():
             value = af.get(key)
             cols[key] = pa.nulls(n, typ) if value is None else pa.repeat(pa.scalar(value, typ), n)
-        now_us = np.datetime64(dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), "us")
+        now_us = np.datetime64(dt.datetime.now(dt.UTC).replace(tzinfo=None), "us")
         cols["created_at"] = pa.array(np.full(n, now_us), pa.timestamp("us", tz="UTC"))
         return pa.Table.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
 
