@@ -77,6 +77,10 @@ class ProcessInterrupted(DatagenError):
     """The user's function raised KeyboardInterrupt or SystemExit; acknowledged work was kept."""
 
 
+class MisalignedStreamsError(DatagenError, ValueError):
+    """The two column streams of a streamed fold did not list the same rows; the reader folds again."""
+
+
 #: How much of a bad argument's value a message shows.
 _MAX_SHOWN = 200
 

@@ -27,7 +27,7 @@ from airflow_provider_datagen.core import CheckpointLog, EventType, ItemStatus
 from airflow_provider_datagen.core.ids import check_name
 from airflow_provider_datagen.core.status import FAILED, failed_mask
 from airflow_provider_datagen.core.store.paths import CHECKPOINTS_DIR, LOG_DIR, ExperimentRef, list_experiments
-from airflow_provider_datagen.exceptions import DatagenError, NotFoundError
+from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, NotFoundError
 from airflow_provider_datagen.hooks.datagen import DatagenHook, redact_uri
 from airflow_provider_datagen.plugins.cache import VersionedCache
 from airflow_provider_datagen.plugins.item_view import iso, item_data
@@ -231,9 +231,9 @@ class Reader:
     ) -> dict[str, Any]:
         """One page of the items table, filtered by status, id substring and scope (roots/children)."""
         if status and status not in STATUS_FILTERS:
-            raise ValueError(f"unknown status filter {status!r}; use one of {', '.join(STATUS_FILTERS)}")
+            raise ConfigurationError(f"unknown status filter {status!r}; use one of {', '.join(STATUS_FILTERS)}")
         if scope not in SCOPES:
-            raise ValueError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+            raise ConfigurationError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
         offset = max(0, int(offset))
         limit = min(max(1, int(limit)), MAX_PAGE_SIZE)
         prep = self.prepared(pipeline, experiment)

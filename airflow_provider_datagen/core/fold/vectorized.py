@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold.state import STATE_SCHEMA
 from airflow_provider_datagen.core.schema import EventType, ItemStatus
+from airflow_provider_datagen.exceptions import MisalignedStreamsError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -33,10 +34,6 @@ def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _mask(col: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:
     return np.asarray(pc.equal(col, value).fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
-
-
-class MisalignedStreamsError(ValueError):
-    """The two streams of :func:`fold_batches` did not list the same number of rows."""
 
 
 # Row types that steer the fold; every other event type only counts towards last_seq / max_epoch.

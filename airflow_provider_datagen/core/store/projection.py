@@ -18,11 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_datagen.core.fold import STATE_SCHEMA, MisalignedStreamsError, fold_batches, fold_table
+from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_batches, fold_table
 from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, LIGHT_COLUMNS
 from airflow_provider_datagen.core.store import lance_io
 from airflow_provider_datagen.core.store.paths import is_local
-from airflow_provider_datagen.exceptions import LogCorruptedError
+from airflow_provider_datagen.exceptions import LogCorruptedError, MisalignedStreamsError
 
 if TYPE_CHECKING:
     import datetime as dt
