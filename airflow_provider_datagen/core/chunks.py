@@ -7,7 +7,6 @@ mapped worker reads exactly the items that were planned.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_datagen.core.events import decode_source_json
 from airflow_provider_datagen.core.ids import key_of, root_item_id
 from airflow_provider_datagen.core.planner import ResumePlan, classify, status_of
 from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source
@@ -151,7 +151,7 @@ def chunk_items(
         # (the planner validated the rest), so N chunks cost one source's worth of work, not N.
         if table.num_rows > len(ids) and all(isinstance(i, str) for i in ids):
             table = table.filter(pc.is_in(table["item_id"], value_set=pa.array(ids, pa.string())))
-        items = prepare_items((json.loads(t) for t in table["item"].to_pylist()), key_field)
+        items = prepare_items((decode_source_json(t) for t in table["item"].to_pylist()), key_field)
     else:
         items = _prepare_chunk_rows(list(read_source(chunk["source"])), key_field, ids)
     by_id = {s.item_id: s for s in items}

@@ -7,10 +7,13 @@ two different events at one ``item_seq`` get different ids and surface as a fenc
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
 import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +28,7 @@ from airflow_provider_datagen.core.schema import (
 from airflow_provider_datagen.exceptions import InvalidValueError
 
 if TYPE_CHECKING:
-    import datetime as dt
+    from collections.abc import Callable
 
 #: Joins the parts of an event's identity before hashing (see :func:`event_id_for`).
 ID_SEP = "\x1f"
@@ -58,16 +61,14 @@ def _c_encoder() -> Any:
 _FAST = _c_encoder()
 
 
-def canonical_json(value: Any, *, what: str = "value") -> str:
-    """Canonical JSON text of a JSON-like value: sorted keys, no whitespace, no NaN/Infinity.
-
-    Canonical text makes digests (input fingerprints, value digests, export fingerprints) depend on
-    content only; NaN is refused because it does not round-trip through JSON and is not equal to itself.
-    """
+def _encode(value: Any, what: str, bytes_hint: str) -> str:
+    """Canonical JSON text of a JSON-like value; a TypeError (a value JSON has no type for) propagates."""
     text = None
     if _FAST is not None and type(value) is not str:
         try:
             text = "".join(_FAST(value, 0))
+        except TypeError:
+            raise  # the same error the slow path would raise (a type or key JSON has not), without its cost
         except Exception:
             text = None  # the slow path below raises the error it explains
     try:
@@ -82,23 +83,130 @@ def canonical_json(value: Any, *, what: str = "value") -> str:
             f"{what} contains NaN or Infinity, which JSON cannot represent; replace it with null or a string"
         ) from exc
     except RecursionError as exc:
-        raise InvalidValueError(
-            f"{what} is nested too deeply to encode as JSON; flatten it or store it as bytes"
-        ) from exc
-    except TypeError as exc:
-        raise InvalidValueError(
-            f"{what} is not JSON-serializable ({exc}); convert it to dicts, lists, str, int, float, "
-            "bool or None, or pass bytes"
-        ) from exc
+        raise InvalidValueError(f"{what} is nested too deeply to encode as JSON; flatten it {bytes_hint}") from exc
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise InvalidValueError(
                 f"{what} contains a lone surrogate ({exc.object[exc.start : exc.end]!r}), which is not valid "
-                "Unicode text; decode the source text properly or pass bytes"
+                f"Unicode text; decode the source text properly {bytes_hint}"
             ) from None
     return text
+
+
+# What a value that JSON cannot encode may become instead, in each of the two encodings' messages.
+_VALUE_BYTES_HINT = "or make the whole field value bytes (stored as a blob)"
+_SOURCE_BYTES_HINT = "or give it as bytes"
+
+
+def canonical_json(value: Any, *, what: str = "value") -> str:
+    """Canonical JSON text of a JSON-like value: sorted keys, no whitespace, no NaN/Infinity.
+
+    Canonical text makes digests (value digests, export fingerprints) depend on content only; NaN is
+    refused because it does not round-trip through JSON and is not equal to itself. A field value takes
+    JSON types only (bytes only as the whole value, see :func:`encode_value`); a source item takes more
+    types, see :func:`canonical_source_json`.
+    """
+    try:
+        return _encode(value, what, _VALUE_BYTES_HINT)
+    except TypeError as exc:
+        raise InvalidValueError(
+            f"{what} is not JSON-serializable ({exc}); convert it to dicts, lists, str, int, float, bool or "
+            "None, or make the whole field value bytes (bytes inside a dict or list are not stored)"
+        ) from exc
+
+
+#: Starts the canonical text of a source item holding a value JSON has no type for; never the start of
+#: JSON text, so such an item's text (and fingerprint) can never equal a JSON-native item's.
+TAGGED_PREFIX = "tagged:"
+# The tags of the values a source item may hold beyond JSON (docs/adr/0007): each is a one-key dict.
+_TAG_DATETIME = "$datetime"
+_TAG_DATE = "$date"
+_TAG_TIME = "$time"
+_TAG_DECIMAL = "$decimal"
+_TAG_BYTES = "$bytes"
+_TAGS = frozenset((_TAG_DATETIME, _TAG_DATE, _TAG_TIME, _TAG_DECIMAL, _TAG_BYTES))
+
+
+def canonical_source_json(item: Any, *, what: str = "source item") -> str:
+    """The canonical text of a source item: what its input fingerprint digests and a snapshot stores.
+
+    An item of JSON types only (dict, list, str, int, float, bool, None) is its :func:`canonical_json`
+    text, exactly as before these types were accepted, so no existing fingerprint changes. An item that
+    also holds a datetime, date, time, Decimal or bytes value (what Parquet and Lance columns give) is
+    ``TAGGED_PREFIX`` + the canonical JSON of its tagged form, where each such value becomes a one-key
+    dict (``{"$datetime": ISO 8601 with its offset if aware}``, ``{"$date": ...}``, ``{"$time": ...}``,
+    ``{"$decimal": its exact str}``, ``{"$bytes": standard base64}``) and every dict key of the item
+    that starts with ``$`` gets one more ``$``, so a tag never equals an item's own dict.
+    :func:`decode_source_json` is the inverse. See docs/adr/0007-canonical-encoding-of-source-values.md.
+    """
+    try:
+        return _encode(item, what, _SOURCE_BYTES_HINT)
+    except TypeError:
+        pass  # a value JSON has no type for: the tagged form below, or the error naming it
+    try:
+        tagged = _tagged(item, what)
+    except RecursionError:
+        raise InvalidValueError(
+            f"{what} is nested too deeply or contains a reference cycle; flatten it {_SOURCE_BYTES_HINT}"
+        ) from None
+    try:
+        return TAGGED_PREFIX + _encode(tagged, what, _SOURCE_BYTES_HINT)
+    except TypeError as exc:
+        raise InvalidValueError(
+            f"{what} is not JSON-serializable ({exc}) and not a datetime, date, time, Decimal or bytes; "
+            "convert it to dicts, lists, str, int, float, bool, None or one of those types"
+        ) from exc
+
+
+def _tagged(value: Any, what: str) -> Any:
+    """The tagged form of a source value (see :func:`canonical_source_json`); other values as given."""
+    if isinstance(value, dict):
+        return {("$" + k if type(k) is str and k.startswith("$") else k): _tagged(v, what) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tagged(v, what) for v in value]
+    if isinstance(value, dt.datetime):  # before date: a datetime is a date
+        return {_TAG_DATETIME: value.isoformat()}
+    if isinstance(value, dt.date):
+        return {_TAG_DATE: value.isoformat()}
+    if isinstance(value, dt.time):
+        return {_TAG_TIME: value.isoformat()}
+    if isinstance(value, Decimal):
+        if value.is_nan():
+            raise InvalidValueError(f"{what} contains a Decimal NaN, which is not equal to itself; use null")
+        return {_TAG_DECIMAL: str(value)}
+    if isinstance(value, (bytes, bytearray)):
+        return {_TAG_BYTES: base64.b64encode(value).decode("ascii")}
+    return value
+
+
+def decode_source_json(text: str) -> Any:
+    """The source item whose :func:`canonical_source_json` is ``text`` (datetimes stay datetimes)."""
+    if not text.startswith(TAGGED_PREFIX):
+        return json.loads(text)
+    return _untagged(json.loads(text[len(TAGGED_PREFIX) :]))
+
+
+def _untagged(value: Any) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1:
+            ((tag, text),) = value.items()
+            if tag in _TAGS:
+                return _UNTAG[tag](text)
+        return {(k[1:] if k.startswith("$") else k): _untagged(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_untagged(v) for v in value]
+    return value
+
+
+_UNTAG: dict[str, Callable[[str], Any]] = {
+    _TAG_DATETIME: dt.datetime.fromisoformat,
+    _TAG_DATE: dt.date.fromisoformat,
+    _TAG_TIME: dt.time.fromisoformat,
+    _TAG_DECIMAL: Decimal,
+    _TAG_BYTES: base64.b64decode,
+}
 
 
 def digest(data: bytes) -> str:
@@ -107,8 +215,8 @@ def digest(data: bytes) -> str:
 
 
 def fingerprint_of(item: Any) -> str:
-    """The input fingerprint of a source item: a digest of its canonical JSON."""
-    return digest(canonical_json(item, what="source item").encode("utf-8"))[:32]
+    """The input fingerprint of a source item: a digest of its :func:`canonical_source_json` text."""
+    return digest(canonical_source_json(item).encode("utf-8"))[:32]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Source items: validation, identity (key -> item id) and input fingerprints, and file readers.
 
 An item's identity is its source key plus its input fingerprint (a digest of the whole item's
-canonical JSON), never its position, so reordering a source changes nothing, an edited item is pending
-again and a renamed key is a new item.
+canonical text, see ``events.canonical_source_json``), never its position, so reordering a source
+changes nothing, an edited item is pending again and a renamed key is a new item.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from airflow_provider_datagen.core.events import _FAST, fingerprint_of
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
-from airflow_provider_datagen.exceptions import InvalidItemError
+from airflow_provider_datagen.exceptions import InvalidItemError, bad_argument
 
 
 class SourceItem:
@@ -106,7 +106,7 @@ class _DraftItem(SourceItem):
 
 
 def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceItem]:
-    """Validate every item before anything is written: dicts, keyed, unique keys, JSON-encodable."""
+    """Validate every item before anything is written: dicts, keyed, unique keys, of encodable source values."""
     if isinstance(items, (str, bytes, Mapping)):
         raise InvalidItemError(
             f"items must be an iterable of dicts, got a {type(items).__name__}; wrap a single item in a list"
@@ -123,7 +123,8 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
     # by the C encoder. It computes exactly what the general path would (the same encoder call as
     # canonical_json, the same digest as fingerprint_of, the key as its own id as root_item_id gives it)
     # and records nothing until the item is known good; anything else (another mapping, a missing,
-    # escaped, long or odd key, a duplicate, any encoding error or lone surrogate) goes to
+    # escaped, long or odd key, a duplicate, any encoding error or lone surrogate, a datetime, date,
+    # time, Decimal or bytes value, whose tagged text only fingerprint_of builds) goes to
     # _prepare_one, which redoes the item with the public functions and raises their errors, so results
     # and errors, and the item that raises first, are the same as on the general path alone.
     append = out.append
@@ -201,7 +202,12 @@ def _prepare_one(pos: int, item: Any, key_field: str, seen: dict[str, int]) -> S
 
 
 def read_source(source: Any) -> Iterator[dict[str, Any]]:
-    """Iterate the dicts of a source: a list of dicts, or a ``.jsonl``, ``.parquet`` or ``.lance`` path."""
+    """Iterate the dicts of a source: a list of dicts, or an absolute ``.jsonl``/``.parquet``/``.lance`` path or URI.
+
+    Rows come as the format gives them (Arrow's ``to_pylist``: a timestamp column gives datetimes, a
+    decimal column Decimals, a binary column bytes, a struct column dicts); see :func:`fingerprint_of`
+    for how such values are fingerprinted.
+    """
     if isinstance(source, (list, tuple)):
         yield from source
         return
@@ -212,8 +218,18 @@ def read_source(source: Any) -> Iterator[dict[str, Any]]:
     path = os.fspath(source)
     lower = path.rstrip("/").lower()
     local = "://" not in path
+    if local and not os.path.isabs(path):
+        # Each Airflow component runs in its own working directory: the rule the export's destination
+        # and the connection's root follow.
+        raise bad_argument(
+            "read_source",
+            "source",
+            path,
+            "is a relative path",
+            "give an absolute path or a URI (each Airflow component has its own working directory)",
+        )
     if local and not os.path.exists(path):
-        raise InvalidItemError(f"source {path!r} does not exist; check the path (relative to the worker's cwd)")
+        raise InvalidItemError(f"source {path!r} does not exist; check the path")
     if lower.endswith(".jsonl") or lower.endswith(".ndjson"):
         with open(path, encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):

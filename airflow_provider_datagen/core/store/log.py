@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_datagen.core.events import Event, canonical_json, events_from_table
+from airflow_provider_datagen.core.events import Event, canonical_source_json, events_from_table
 from airflow_provider_datagen.core.fold import (
     STATE_SCHEMA,
     FailureRecord,
@@ -568,7 +568,8 @@ class CheckpointLog:
             return pa.table(
                 {
                     "item_id": [s.item_id for s in items],
-                    "item": [canonical_json(s.data, what=f"item {s.item_id!r}") for s in items],
+                    # the text the fingerprint digests; chunk_items decodes it back to the same values
+                    "item": [canonical_source_json(s.data, what=f"item {s.item_id!r}") for s in items],
                 }
             )
 
