@@ -1,4 +1,4 @@
-"""Canonical JSON, value encoding (inline vs blob) and deterministic event ids."""
+"""Canonical JSON, the canonical text of source items, value encoding (inline vs blob), event ids."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_datagen.core import CheckpointLog
 from airflow_provider_datagen.core.events import (
     BlobRef,
     canonical_json,
+    canonical_source_json,
+    decode_source_json,
+    digest,
     encode_value,
     event_id_for,
     event_key_of,
@@ -102,6 +105,144 @@ def test_unencodable_values_raise_invalid_value_error(value: Any, hint: str) -> 
     assert "field 'answer'" in str(info.value)
     with pytest.raises(InvalidValueError):
         canonical_json(value)
+
+
+def test_a_field_value_error_never_contradicts_itself() -> None:
+    with pytest.raises(InvalidValueError) as info:
+        encode_value({"k": b"bytes inside json"}, what="field 'answer'")
+    assert str(info.value) == (
+        "field 'answer' is not JSON-serializable (Object of type bytes is not JSON serializable); convert it "
+        "to dicts, lists, str, int, float, bool or None, or make the whole field value bytes (bytes inside a "
+        "dict or list are not stored)"
+    )
+    assert encode_value(b"bytes inside json").kind == VALUE_KIND_BYTES  # as the message says
+
+
+# --- the canonical text of source items --------------------------------------------------------
+
+UTC = dt.UTC
+
+
+@pytest.mark.parametrize(
+    ("value", "tagged"),
+    [
+        (dt.datetime(2024, 1, 2, 3, 4, 5), '{"$datetime":"2024-01-02T03:04:05"}'),
+        (dt.datetime(2024, 1, 2, 3, 4, 5, 600, tzinfo=UTC), '{"$datetime":"2024-01-02T03:04:05.000600+00:00"}'),
+        (
+            dt.datetime(2024, 1, 2, 3, 4, tzinfo=dt.timezone(dt.timedelta(hours=-5, minutes=-30))),
+            '{"$datetime":"2024-01-02T03:04:00-05:30"}',
+        ),
+        (dt.date(2024, 1, 1), '{"$date":"2024-01-01"}'),
+        (dt.time(23, 59, 1), '{"$time":"23:59:01"}'),
+        (dt.time(0, 0, 0, 5), '{"$time":"00:00:00.000005"}'),
+        (Decimal("1.50"), '{"$decimal":"1.50"}'),  # its exact str: the scale is kept
+        (Decimal("-1E+3"), '{"$decimal":"-1E+3"}'),
+        (b"\x00\xff hi", '{"$bytes":"AP8gaGk="}'),  # standard base64
+        (bytearray(b""), '{"$bytes":""}'),
+    ],
+)
+def test_each_source_type_has_one_tagged_text(value: Any, tagged: str) -> None:
+    item = {"id": "k", "v": value}
+    assert canonical_source_json(item) == f'tagged:{{"id":"k","v":{tagged}}}'
+    assert fingerprint_of(item) == digest(canonical_source_json(item).encode())[:32]
+    assert decode_source_json(canonical_source_json(item)) == {"id": "k", "v": value}
+
+
+def test_a_tagged_item_escapes_its_own_dollar_keys() -> None:
+    item = {"$date": "2024-01-01", "$$x": {"$bytes": 1}, "at": dt.date(2024, 1, 1)}
+    text = canonical_source_json(item)
+    assert text == 'tagged:{"$$$x":{"$$bytes":1},"$$date":"2024-01-01","at":{"$date":"2024-01-01"}}'
+    assert decode_source_json(text) == item
+    # an int key becomes text, as in canonical_json
+    assert decode_source_json(canonical_source_json({1: dt.date(2024, 1, 1)})) == {"1": dt.date(2024, 1, 1)}
+
+
+def test_json_native_items_keep_their_canonical_json() -> None:
+    item = {"id": "k", "$date": "2024-01-01", "v": [1, 1.0, None, {"$bytes": "AP8="}]}
+    assert canonical_source_json(item) == canonical_json(item)
+    assert decode_source_json(canonical_source_json(item)) == item
+
+
+def test_no_type_collides_with_its_text() -> None:
+    day = dt.date(2024, 1, 1)
+    looks_alike = [
+        {"d": "2024-01-01"},  # the string
+        {"d": {"$date": "2024-01-01"}},  # the string in a dict shaped like the tag
+        {"d": {"$date": "2024-01-01"}, "e": day},  # ... beside a tagged value (escaped)
+        {"d": day, "e": day},
+        {"d": day},
+        {"d": dt.datetime(2024, 1, 1)},
+        {"d": "AP8="},
+        {"d": b"\x00\xff"},
+        {"d": "1.5"},
+        {"d": 1.5},
+        {"d": Decimal("1.5")},
+        {"d": Decimal("1.50")},
+        {"d": dt.time(1)},
+        {"d": "01:00:00"},
+    ]
+    texts = [canonical_source_json(v) for v in looks_alike]
+    assert len(set(texts)) == len(texts)
+    assert len({fingerprint_of(v) for v in looks_alike}) == len(looks_alike)
+    assert fingerprint_of({"d": "2024-01-01"}) != fingerprint_of({"d": dt.date(2024, 1, 1)})
+    assert [decode_source_json(t) for t in texts] == looks_alike
+
+
+OFFSETS = [UTC, dt.timezone(dt.timedelta(hours=5, minutes=30)), dt.timezone(dt.timedelta(hours=-11))]
+source_scalars = (
+    json_scalars
+    | st.text(max_size=6)
+    | st.datetimes(timezones=st.none() | st.sampled_from(OFFSETS))
+    | st.dates()
+    | st.times()
+    | st.decimals(allow_nan=False)
+    | st.binary(max_size=6)
+)
+source_values = st.recursive(
+    source_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["a", "$a", "$$a", "$date", "b"]), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(source_values)
+def test_the_canonical_text_of_a_source_value_decodes_to_the_same_value(value: Any) -> None:
+    text = canonical_source_json(value)
+    back = decode_source_json(text)
+    assert canonical_source_json(back) == text  # so the same fingerprint after a snapshot
+    assert _exactly(back) == _exactly(value)
+
+
+def _exactly(value: Any) -> Any:
+    """What equality does not see: each value's type and exact text (a Decimal's scale, a float's sign)."""
+    if isinstance(value, dict):
+        return sorted((k, _exactly(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [_exactly(v) for v in value]
+    text = value.isoformat() if isinstance(value, (dt.date, dt.time)) else repr(value)
+    return (type(value).__name__, text)
+
+
+def test_a_source_value_of_no_supported_type_is_named() -> None:
+    with pytest.raises(InvalidValueError) as info:
+        canonical_source_json({"at": dt.date(2024, 1, 1), "s": {1}})
+    assert str(info.value) == (
+        "source item is not JSON-serializable (Object of type set is not JSON serializable) and not a "
+        "datetime, date, time, Decimal or bytes; convert it to dicts, lists, str, int, float, bool, None or "
+        "one of those types"
+    )
+    with pytest.raises(InvalidValueError, match="Decimal NaN"):
+        canonical_source_json({"d": [Decimal("sNaN")]})
+    with pytest.raises(InvalidValueError, match="contains NaN or Infinity"):
+        canonical_source_json({"d": dt.date(2024, 1, 1), "x": math.nan})
+    cyclic: list[Any] = [dt.date(2024, 1, 1)]
+    cyclic.append(cyclic)
+    with pytest.raises(InvalidValueError, match="reference cycle"):
+        canonical_source_json(cyclic)
 
 
 # --- value encoding --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""prepare_items: its inline fast path gives exactly what the public functions give, results and errors.
+"""Source items: prepare_items' fast path, the value types and formats a source may have, source paths.
 
 The reference below is prepare_items as it was before the fast path, item by item through
 :func:`root_item_id` and :func:`fingerprint_of`; Hypothesis drives both over JSON-ish items with
@@ -9,23 +9,30 @@ duplicates and non-dict items, and every id, key, fingerprint, position and erro
 from __future__ import annotations
 
 import copy
+import datetime as dt
+import json
 import math
 import pickle
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from decimal import Decimal
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 from unittest import mock
 
+import lance
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_datagen.core import sources
+from airflow_provider_datagen.core import CheckpointLog, run_items, sources
 from airflow_provider_datagen.core.events import fingerprint_of
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, root_item_id
-from airflow_provider_datagen.core.sources import SourceItem, prepare_items
-from airflow_provider_datagen.exceptions import InvalidItemError
+from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source
+from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
 
 
 def reference_prepare(items: Any, key_field: str = "id") -> list[tuple[str, str, Any, str, int]]:
@@ -234,3 +241,168 @@ def test_fast_built_items_are_ordinary_immutable_source_items() -> None:
     assert item == built and repr(item) == repr(built)
     assert pickle.loads(pickle.dumps(item)) == item == copy.deepcopy(item) == copy.copy(item)
     assert type(pickle.loads(pickle.dumps(item))) is SourceItem
+
+
+# --- source value types, formats and paths --------------------------------------------------------
+
+UTC = dt.UTC
+IST = dt.timezone(dt.timedelta(hours=5, minutes=30))
+
+
+def typed_items() -> list[dict[str, Any]]:
+    """Items of every non-JSON type a Parquet or Lance column gives, at the top level and nested."""
+    return [
+        {
+            "id": f"t{n}",
+            "at": dt.datetime(2024, 1, 1 + n, 12, 30, 15, 250 * n, tzinfo=UTC),
+            "local": dt.datetime(2024, 2, 29, 23, 59, 59, 999_999 - n, tzinfo=IST),
+            "naive": dt.datetime(2023, 12, 31, n, 0),
+            "day": dt.date(2024, 1, 1 + n),
+            "clock": dt.time(n, 2, 3, 4),
+            "price": Decimal(f"{n}.50"),
+            "blob": bytes([n, 0, 255]),
+            "meta": {"seen": dt.datetime(2024, 3, 1, n, tzinfo=UTC), "note": f"n{n}"},
+            "days": [dt.date(2024, 5, 1 + n), dt.date(2024, 5, 2 + n)],
+        }
+        for n in range(3)
+    ]
+
+
+def json_items() -> list[dict[str, Any]]:
+    """JSON-native items as a tabular format holds them: the same keys in every row, one type per column."""
+    return [
+        {
+            "id": f"j{n}",
+            "n": [7, -3, 10**15][n],
+            "x": [1.0, 0.1, -0.0][n],
+            "ok": n % 2 == 0,
+            "text": ["é ☃ 😀", "line\nbreak \u2028", ""][n],
+            "maybe": [None, "set", None][n],
+            "meta": {"tags": [["a", "b"], [], ["c"]][n], "score": [0.5, 2.0, 1e300][n], "depth": {"k": n}},
+            "ints": [[1, 2], [], [3]][n],
+        }
+        for n in range(3)
+    ]
+
+
+def _write_source(fmt: str, items: list[dict[str, Any]], tmp_path: Path) -> Any:
+    """The items as a source of format ``fmt``: the list itself, or an absolute path to a file of it."""
+    if fmt == "inline":
+        return items
+    path = tmp_path / f"source.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(i) + "\n" for i in items), encoding="utf-8")
+    elif fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(items), path)
+    else:
+        lance.write_dataset(pa.Table.from_pylist(items), str(path), mode="overwrite")
+    return str(path)
+
+
+def _fingerprints(source: Any) -> dict[str, str]:
+    return {s.item_id: s.fingerprint for s in load_source(source)}
+
+
+@pytest.mark.parametrize("fmt", ["inline", "parquet", "lance"])
+def test_typed_values_reach_the_process_as_the_source_gave_them(fmt: str, tmp_path: Path) -> None:
+    items = typed_items()
+    seen: dict[str, dict[str, Any]] = {}
+
+    def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        seen[item["id"]] = item
+        return {"ok": True}
+
+    log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment=fmt)
+    report = run_items(log, load_source(_write_source(fmt, items, tmp_path)), process)
+    assert report.processed == ["t0", "t1", "t2"] and not report.failed
+    for want in items:
+        got = seen[want["id"]]
+        assert got == want
+        assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in want.items()}
+        assert type(got["meta"]["seen"]) is dt.datetime and type(got["days"][0]) is dt.date
+        assert got["at"].utcoffset() == dt.timedelta(0) and got["local"].utcoffset() == IST.utcoffset(None)
+        assert got["naive"].tzinfo is None and str(got["price"]) == str(want["price"])
+    assert run_items(log, load_source(_write_source(fmt, items, tmp_path)), process).skipped == ["t0", "t1", "t2"]
+
+
+def test_json_native_items_have_the_same_fingerprint_in_every_format(tmp_path: Path) -> None:
+    items = json_items()
+    expected = {i["id"]: fingerprint_of(i) for i in items}
+    for fmt in ("inline", "jsonl", "parquet", "lance"):
+        rows = list(read_source(_write_source(fmt, items, tmp_path)))
+        assert rows == items, fmt  # ints stay ints, floats floats, structs dicts
+        assert _fingerprints(_write_source(fmt, items, tmp_path)) == expected, fmt
+
+
+def test_typed_items_have_the_same_fingerprint_inline_in_parquet_and_in_lance(tmp_path: Path) -> None:
+    items = typed_items()
+    expected = _fingerprints(items)
+    assert len(set(expected.values())) == 3
+    assert _fingerprints(_write_source("parquet", items, tmp_path)) == expected
+    assert _fingerprints(_write_source("lance", items, tmp_path)) == expected
+    # what a format cannot hold is another value: JSONL has the dates' text, not dates
+    as_text = [json.loads(json.dumps(i, default=str)) for i in items]
+    assert not set(_fingerprints(_write_source("jsonl", as_text, tmp_path)).values()) & set(expected.values())
+
+
+#: Fingerprints of JSON-native items, computed on the code before source items could hold other types:
+#: every existing log holds these, so they must never change (no mass invalidation).
+PINNED = [
+    ({"id": 1, "q": "What is 2+2?"}, "9c549fc46df0fa571283c340fdb4a0de"),
+    (
+        {
+            "id": "a/b",
+            "text": "é\u2028",
+            "n": -3,
+            "x": 1.5,
+            "f": 1.0,
+            "z": -0.0,
+            "big": 10**30,
+            "ok": True,
+            "none": None,
+        },
+        "27b10e7f5860fdbf4cc1c28d3a1cce24",
+    ),
+    (
+        {
+            "id": "nested",
+            "meta": {"tags": ["x", "y"], "score": 0.1, "deep": {"$date": "2024-01-01"}},
+            "when": "2024-01-01T00:00:00+00:00",
+        },
+        "c0dab72e244fdcdbcb510c17650a9437",
+    ),
+    ({"id": "e", "l": [], "d": {}}, "bc7b86b23b6a12b2a181bf317368c194"),
+]
+
+
+def test_json_native_fingerprints_are_those_of_existing_logs() -> None:
+    items = [item for item, _ in PINNED]
+    assert [fingerprint_of(item) for item in items] == [fp for _, fp in PINNED]
+    assert [s.fingerprint for s in prepare_items(items)] == [fp for _, fp in PINNED]
+    with mock.patch.object(sources, "_FAST", None):
+        assert [s.fingerprint for s in prepare_items(items)] == [fp for _, fp in PINNED]
+
+
+def test_an_unsupported_source_value_names_the_item_and_the_types() -> None:
+    with pytest.raises(InvalidItemError, match=r"^item 'x': source item is not JSON-serializable \(Object of type set"):
+        prepare_items([{"id": "x", "at": dt.date(2024, 1, 1), "s": {1}}])
+    with pytest.raises(InvalidItemError, match=r"and not a datetime, date, time, Decimal or bytes; convert it"):
+        prepare_items([{"id": "x", "s": {1}}])
+    with pytest.raises(InvalidItemError, match=r"^item 'x': source item contains a Decimal NaN"):
+        prepare_items([{"id": "x", "d": Decimal("NaN")}])
+
+
+@pytest.mark.parametrize("name", ["items.jsonl", "data/items.parquet", "./items.lance", "items.ndjson"])
+def test_a_relative_source_path_is_refused(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    _write_source("parquet", json_items(), tmp_path)
+    (tmp_path / "source.parquet").rename(tmp_path / name)  # it exists, relative to this process's cwd
+    for source in (name, Path(name)):
+        with pytest.raises(ConfigurationError) as info:
+            load_source(source)
+        assert str(info.value) == (
+            f"read_source: source={str(source)!r} is a relative path; give an absolute path or a URI "
+            "(each Airflow component has its own working directory)"
+        )
+    assert len(load_source(json_items())) == 3  # an inline list has no path; absolute paths: the tests above

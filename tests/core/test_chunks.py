@@ -1,0 +1,97 @@
+"""Chunk descriptors and the inline-source snapshot: mapped tasks get the very items that were planned."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_provider_datagen.core import CheckpointLog
+from airflow_provider_datagen.core.chunks import chunk_items, plan_chunks
+from airflow_provider_datagen.core.events import canonical_source_json
+from airflow_provider_datagen.core.sources import prepare_items
+from airflow_provider_datagen.core.store.lance_io import read_lance_table
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+UTC = dt.UTC
+PARIS_WINTER = dt.timezone(dt.timedelta(hours=1))
+
+#: The keys of a chunk descriptor: names and ids, never an item's values.
+DESCRIPTOR_KEYS = {
+    "pipeline",
+    "experiment",
+    "processor_version",
+    "source",
+    "snapshot",
+    "key_field",
+    "item_ids",
+    "label",
+    "index",
+    "plan_log_version",
+}
+
+
+def typed_items() -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"k{n}",
+            "at": dt.datetime(2024, 1, 1, n, 30, 0, 7, tzinfo=UTC),
+            "local": dt.datetime(2024, 1, 1, n, tzinfo=PARIS_WINTER),
+            "naive": dt.datetime(2024, 6, 1, 8, n),
+            "day": dt.date(2024, 2, 1 + n),
+            "clock": dt.time(n, 15),
+            "price": Decimal(f"{n}.10"),
+            "raw": bytes([n, 255]),
+            "nested": {"when": [dt.date(2024, 3, 1 + n)], "$ref": "kept"},
+        }
+        for n in range(5)
+    ]
+
+
+def _chunk_items(chunk: dict[str, Any]) -> list[Any]:
+    return chunk_items(chunk, pipeline="p", experiment=chunk["experiment"], processor_version="v1")
+
+
+def _exactly(value: Any) -> Any:
+    """Each value's type and exact text, which equality does not compare (a Decimal's scale, an offset)."""
+    if isinstance(value, dict):
+        return sorted((k, _exactly(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [_exactly(v) for v in value]
+    text = value.isoformat() if isinstance(value, (dt.date, dt.time)) else repr(value)
+    return (type(value).__name__, text)
+
+
+def test_an_inline_snapshot_gives_the_mapped_tasks_the_same_values(tmp_path: Path) -> None:
+    items = typed_items()
+    log = CheckpointLog.open(tmp_path, pipeline="p", experiment="inline")
+    planned = plan_chunks(log, items, chunk_size=2)
+    chunks = planned.chunks
+    assert [c["item_ids"] for c in chunks] == [["k0", "k1"], ["k2", "k3"], ["k4"]]
+    assert planned.plan.pending == ["k0", "k1", "k2", "k3", "k4"]
+    snapshot = read_lance_table(chunks[0]["source"])  # the snapshot stores each item's canonical text
+    assert snapshot["item"].to_pylist() == [canonical_source_json(i) for i in items]
+    got = [s for c in chunks for s in _chunk_items(c)]
+    assert [s.data for s in got] == items
+    assert [_exactly(s.data) for s in got] == [_exactly(i) for i in items]  # a datetime stays a datetime
+    assert [s.fingerprint for s in got] == [s.fingerprint for s in prepare_items(items)]
+
+
+def test_chunk_descriptors_carry_ids_never_payloads(tmp_path: Path) -> None:
+    items = typed_items()
+    path = tmp_path / "items.parquet"
+    pq.write_table(pa.Table.from_pylist(items), path)
+    for name, source in (("inline", items), ("parquet", str(path))):
+        log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment=name)
+        chunks = plan_chunks(log, source, chunk_size=3).chunks
+        assert [set(c) for c in chunks] == [DESCRIPTOR_KEYS] * 2
+        text = json.dumps(chunks)  # plain JSON for the XCom, no value of any item in it
+        for value in ("2024-0", "T00:30", "0.10", "kept", "$ref", "AP8=", "nested", "tagged:"):
+            assert value not in text, (name, value)
+        assert [s.data for c in chunks for s in _chunk_items(c)] == items
