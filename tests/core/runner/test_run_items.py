@@ -14,6 +14,7 @@ import pytest
 from airflow_provider_datagen.core import (
     ItemStatus,
     Loop,
+    MapReduce,
     Router,
     Sequence,
     Step,
@@ -391,6 +392,30 @@ def test_other_version_regenerates_every_completed_item_once(
     v2 = versioned_process("v2", shape, calls)
     again = run_items(log, items, v2, processor_version="v2", epoch=4, redo_completed="other_version")
     assert calls == [] and len(again.skipped) == 8  # done under the current version: skipped
+
+
+def test_other_version_reruns_the_fanout_children_of_a_regenerated_item(log: Any) -> None:
+    calls: list[tuple[str, str]] = []
+
+    def pipe(version: str) -> MapReduce:
+        def leaf(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+            calls.append((ctx.item_id, version))
+            return {"part": f"{version}:{item['v']}"}
+
+        return MapReduce(
+            "mr",
+            over=lambda item, ctx: [{"v": v} for v in range(2)],
+            map=Step("leaf", leaf),
+            reduce=lambda children, ctx: {"parts": [c["part"] for c in children]},
+        )
+
+    run_items(log, make_items(2), pipe("v1"), processor_version="v1")
+    calls.clear()
+    run_items(log, make_items(2), pipe("v2"), processor_version="v2", epoch=2, redo_completed="other_version")
+    assert sorted(calls) == [(f"{i}/mr:{c}", "v2") for i in range(2) for c in range(2)]
+    assert log.item_state("1").fields == {"parts": ["v2:0", "v2:1"]}
+    summary = log.summary()
+    assert (summary["completed_by_version"], summary["children"]) == ({"v2": 2}, 4)  # roots only
 
 
 def test_a_bad_redo_completed_is_refused_before_anything_is_written(log: Any) -> None:
