@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.events import decode_source_json
 from airflow_provider_datagen.core.ids import key_of, root_item_id
-from airflow_provider_datagen.core.planner import ResumePlan, classify, status_of
+from airflow_provider_datagen.core.planner import REDO_NEVER, ResumePlan, check_redo_completed, classify, status_of
 from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
@@ -59,15 +59,21 @@ def plan_chunks(
     chunk_size: int = 100,
     processor_version: str = "v1",
     max_chunks: int = 1024,
+    redo_completed: str = REDO_NEVER,
 ) -> PlannedChunks:
-    """Fold the log once, classify the source and cut the pending items into chunk descriptors."""
+    """Fold the log once, classify the source and cut the pending items into chunk descriptors.
+
+    Each descriptor carries ``redo_completed`` (see :func:`~airflow_provider_datagen.core.planner.plan_resume`),
+    so the mapped tasks redo what the plan asked.
+    """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    check_redo_completed("plan_chunks", redo_completed)
     items = load_source(source, key_field)
     states = log.states()
     # the mapped tasks read the log next: with the fold stored, they read it and the events since
     log.refresh_projection()
-    plan = classify(items, states, processor_version, log.version)
+    plan = classify(items, states, processor_version, log.version, redo_completed=redo_completed)
     status = status_of(log, items, key_field, states=states)
     pending = plan.pending
     size = chunk_size
@@ -88,6 +94,7 @@ def plan_chunks(
                 "pipeline": log.pipeline,
                 "experiment": log.experiment,
                 "processor_version": processor_version,
+                "redo_completed": redo_completed,
                 "source": ref,
                 "snapshot": snapshot,
                 "key_field": key_field,

@@ -5,6 +5,10 @@ For each item (see docs/design.md, "Resume"): ``skip`` (completed or filtered fo
 (in the inbox but its cursor belongs to another processor version: restart from the first step),
 ``invalidated`` (the input changed since it was recorded), ``fresh`` (never started). The five sets
 are disjoint and cover the source.
+
+``redo_completed="other_version"`` also demotes done items (completed or filtered) whose generation
+ran under another processor version, so a version bump regenerates them; the default ``"never"``
+keeps them (see docs/design.md, Processor versions).
 """
 
 from __future__ import annotations
@@ -18,11 +22,33 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.core.sources import SourceItem, prepare_items
+from airflow_provider_datagen.core.status import NO_VERSION, version_counts
+from airflow_provider_datagen.exceptions import bad_argument
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from airflow_provider_datagen.core.store.log import CheckpointLog
+
+
+#: The values of ``redo_completed``: keep done items of another processor version, or redo them.
+REDO_NEVER = "never"
+REDO_OTHER_VERSION = "other_version"
+REDO_COMPLETED = (REDO_NEVER, REDO_OTHER_VERSION)
+
+
+def check_redo_completed(owner: object, value: Any) -> str:
+    """``value`` if it is one of :data:`REDO_COMPLETED`, else the ConfigurationError naming both."""
+    if not isinstance(value, str) or value not in REDO_COMPLETED:
+        raise bad_argument(
+            owner,
+            "redo_completed",
+            value,
+            "is not one of 'never', 'other_version'",
+            "pass 'never' to keep items completed under another processor version, or 'other_version' "
+            "to regenerate them",
+        )
+    return value
 
 
 @dataclass
@@ -38,6 +64,9 @@ class ResumePlan:
     last_seq: dict[str, int] = field(default_factory=dict)
     #: replay items that have at least one FAILED event in their current generation.
     failed: list[str] = field(default_factory=list)
+    #: skipped items done (completed or filtered) under another processor version, per version:
+    #: what a version bump left behind with ``redo_completed="never"``.
+    kept_other_version: dict[str, int] = field(default_factory=dict)
     log_version: int = 0
 
     @property
@@ -82,13 +111,16 @@ def classify(
     log_version: int = 0,
     *,
     index: np.ndarray | None = None,
+    redo_completed: str = REDO_NEVER,
 ) -> ResumePlan:
     """Classify prepared source items against a vectorized state table (pure; no I/O).
 
     ``index`` (each item's row in ``states``, -1 for none), when the caller has it, saves looking
-    every id up again.
+    every id up again. ``redo_completed``: see :func:`plan_resume`.
     """
-    return _classify(source, [s.item_id for s in source], states, processor_version, log_version, index)
+    check_redo_completed("classify", redo_completed)
+    ids = [s.item_id for s in source]
+    return _classify(source, ids, states, processor_version, log_version, index, redo_completed)
 
 
 def _classify(
@@ -98,6 +130,7 @@ def _classify(
     processor_version: str | None,
     log_version: int,
     index: np.ndarray | None,
+    redo_completed: str = REDO_NEVER,
 ) -> ResumePlan:
     # Memory matters as much as time here (1M items must plan in well under 1 GiB with the source
     # itself): per-state predicates are computed once as numpy bools and gathered by index, so no row
@@ -132,7 +165,8 @@ def _classify(
         same_fp[rows] = _bools(pc.equal(theirs, mine))
     cls = np.full(n, _CLS_FRESH, dtype=np.int8)
     cls[started & ~same_fp] = _CLS_INVALIDATED
-    cls[same_fp & ~running] = _CLS_SKIP
+    done = same_fp & ~running
+    cls[done] = _CLS_SKIP
     inbox = same_fp & running
     del started, running, same_fp
     if processor_version is None:
@@ -141,6 +175,12 @@ def _classify(
         same_pv = _bools(pc.equal(states["processor_version"], processor_version))[pick]
         cls[inbox & ~same_pv] = _CLS_DEMOTED
         cls[inbox & same_pv] = _CLS_REPLAY
+        other = done & ~same_pv
+        if redo_completed == REDO_OTHER_VERSION:
+            # a done item of another version restarts like a demoted cursor: a new generation, clean
+            cls[other] = _CLS_DEMOTED
+        elif other.any():
+            plan.kept_other_version = version_counts(pc.take(states["processor_version"], pa.array(pick[other])))
     id_arr = np.array(ids, dtype=object)
     plan.fresh = id_arr[cls == _CLS_FRESH].tolist()
     plan.invalidated = id_arr[cls == _CLS_INVALIDATED].tolist()
@@ -164,14 +204,23 @@ def plan_resume(
     processor_version: str | None = "v1",
     *,
     states: pa.Table | None = None,
+    redo_completed: str = REDO_NEVER,
 ) -> ResumePlan:
-    """Fold the log once (vectorized) and classify every source item."""
+    """Fold the log once (vectorized) and classify every source item.
+
+    ``redo_completed``: ``"never"`` (the default) skips every done item of the same input, whatever
+    processor version produced it; ``"other_version"`` makes items completed (or filtered: a filter
+    decision is an output of the processor too) under another processor version pending again, in
+    ``demoted``: their new generation starts clean, and the old one stays in the log's history.
+    Any other value raises :class:`~airflow_provider_datagen.exceptions.ConfigurationError`.
+    """
+    check_redo_completed("plan_resume", redo_completed)
     source = as_source(items, key_field)
     ids = [s.item_id for s in source]
     index = None
     if states is None:
         states, index = log.states_for(ids)
-    return _classify(source, ids, states, processor_version, log.version, index)
+    return _classify(source, ids, states, processor_version, log.version, index, redo_completed)
 
 
 def as_source(items: Iterable[Any], key_field: str) -> list[SourceItem]:
@@ -200,16 +249,22 @@ def status_of(
     ids = pa.array([s.item_id for s in source], pa.string())
     sub = states.filter(pc.is_in(states["item_id"], value_set=ids)) if len(states) else states
     completed = filtered = 0
+    by_version: dict[str, int] = {}
     if len(sub):
-        for iid, st in zip(sub["item_id"].to_pylist(), sub["status"].to_pylist()):
+        rows = zip(sub["item_id"].to_pylist(), sub["status"].to_pylist(), sub["processor_version"].to_pylist())
+        for iid, st, pv in rows:
             if iid in done:
-                completed += st == ItemStatus.COMPLETED.value
+                if st == ItemStatus.COMPLETED.value:
+                    completed += 1
+                    version = NO_VERSION if pv is None else pv
+                    by_version[version] = by_version.get(version, 0) + 1
                 filtered += st == ItemStatus.FILTERED.value
     running = len(plan.replay) + len(plan.demoted)
     never = len(plan.fresh)
     summary.update(
         total=len(source),
         completed=completed,
+        completed_by_version=dict(sorted(by_version.items())),
         filtered=filtered,
         running=running,
         never_started=never,

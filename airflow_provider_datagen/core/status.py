@@ -24,6 +24,7 @@ STATUS_KEYS = (
     "experiment",
     "total",
     "completed",
+    "completed_by_version",
     "filtered",
     "running",
     "never_started",
@@ -40,6 +41,9 @@ FAILED_SAMPLE = 20
 
 #: The status shown for a failed item (a view, never written to the log).
 FAILED = "failed"
+
+#: The ``completed_by_version`` key of items whose generation recorded no processor version.
+NO_VERSION = "(none)"
 
 
 def is_failed(status: str | None, failures: int | None) -> bool:
@@ -60,11 +64,20 @@ def display_status(row: Mapping[str, Any]) -> str:
     return FAILED if is_failed(status, row.get("failures")) else status
 
 
+def version_counts(versions: pa.ChunkedArray | pa.Array) -> dict[str, int]:
+    """How many of ``versions`` (one per item) are each processor version, ordered by version."""
+    if not len(versions):
+        return {}
+    counts = pc.value_counts(pc.fill_null(versions, NO_VERSION)).to_pylist()
+    return {str(e["values"]): int(e["counts"]) for e in sorted(counts, key=lambda e: str(e["values"]))}
+
+
 def summarize(states: pa.Table, *, pipeline: str, experiment: str, log_version: int) -> dict[str, Any]:
     """The ``datagen_status`` dict of a state table: root items by lifecycle status, failures, children.
 
     Counts are over root items (children are counted apart); ``pending`` is what a rerun would touch:
-    running (failed included) plus never started.
+    running (failed included) plus never started. ``completed_by_version`` splits ``completed`` by
+    the processor version of each item's completing generation, e.g. ``{"v1": 480, "v2": 20}``.
     """
     roots = states
     if states.num_rows:
@@ -74,11 +87,16 @@ def summarize(states: pa.Table, *, pipeline: str, experiment: str, log_version: 
         for entry in pc.value_counts(roots["status"]).to_pylist():
             counts[entry["values"]] = int(entry["counts"])
     failed = roots.filter(failed_mask(roots)) if roots.num_rows else roots
+    by_version: dict[str, int] = {}
+    if counts[ItemStatus.COMPLETED.value]:
+        completed = roots.filter(pc.equal(roots["status"], ItemStatus.COMPLETED.value))
+        by_version = version_counts(completed["processor_version"])
     values = {
         "pipeline": pipeline,
         "experiment": experiment,
         "total": roots.num_rows,
         "completed": counts[ItemStatus.COMPLETED.value],
+        "completed_by_version": by_version,
         "filtered": counts[ItemStatus.FILTERED.value],
         "running": counts[ItemStatus.RUNNING.value],
         "never_started": counts[ItemStatus.NEVER_STARTED.value],

@@ -198,6 +198,10 @@ class DatagenPlanOperator(_DatagenBase):
     :param chunk_size: items per mapped task instance (grown if the chunks would exceed
         ``[core] max_map_length``).
     :param processor_version: version of the processing code; cursors of other versions are demoted.
+    :param redo_completed: ``"never"`` (the default) keeps items completed under another processor
+        version (the plan logs how many); ``"other_version"`` regenerates them (and filtered ones),
+        each as a new generation: the old outputs stay in the log's history. The chunks carry the
+        choice to the mapped tasks.
     :param datagen_conn_id: connection of type ``datagen`` (root URI and storage options).
     """
 
@@ -212,10 +216,12 @@ class DatagenPlanOperator(_DatagenBase):
         key_field: str = "id",
         chunk_size: int = 100,
         processor_version: str = "v1",
+        redo_completed: str = "never",
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+        self.redo_completed = _check_redo_completed(self, redo_completed)
         if not isinstance(source, (list, tuple, str, os.PathLike)):
             raise bad_argument(
                 self,
@@ -243,12 +249,28 @@ class DatagenPlanOperator(_DatagenBase):
             chunk_size=self.chunk_size,
             processor_version=self.processor_version,
             max_chunks=max_map,
+            redo_completed=self.redo_completed,
         )
         self.log.info(
             "plan: %s; %d chunk(s) of up to %d items", result.plan.as_dict(), len(result.chunks), result.chunk_size
         )
+        kept = result.plan.kept_other_version
+        if kept:
+            self.log.info(
+                "%d completed or filtered items were produced by other processor versions (%s); they are kept. "
+                "Pass redo_completed='other_version' to regenerate them.",
+                sum(kept.values()),
+                ", ".join(f"{v}: {n}" for v, n in kept.items()),
+            )
         self.push_status(context, result.status)
-        return [{"chunk": c} for c in result.chunks]
+        return [{"chunk": c, "redo_completed": self.redo_completed} for c in result.chunks]
+
+
+def _check_redo_completed(owner: BaseOperator, value: Any) -> str:
+    # Deferred: see resolve_process.
+    from airflow_provider_datagen.core.planner import check_redo_completed
+
+    return check_redo_completed(owner, value)
 
 
 def _max_map_length() -> int:
@@ -306,6 +328,8 @@ class DatagenMapOperator(_DatagenBase):
     :param process: ``"package.module:function"``, a callable ``fn(item, ctx) -> dict | None`` or a
         step pipeline (``Sequence``, ``Loop``, ``MapReduce``, ...).
     :param processor_version: version of ``process``; must match the plan's.
+    :param redo_completed: ``"never"`` or ``"other_version"`` (see :class:`DatagenPlanOperator`); set
+        by ``expand_kwargs`` from the plan, whose chunks carry its choice. Give it only without a plan.
     :param checkpoint_every: items per acknowledgement commit, each landed before the next item runs;
         ``None`` is pipelined group commit (every 4096 items or ``checkpoint_interval`` seconds,
         whichever first, appended while the next items run).
@@ -332,6 +356,7 @@ class DatagenMapOperator(_DatagenBase):
         experiment: str,
         process: Any,
         processor_version: str = "v1",
+        redo_completed: str = "never",
         checkpoint_every: int | None = None,
         checkpoint_interval: float = 2.0,
         chunk: Mapping[str, Any] | None = None,
@@ -355,6 +380,7 @@ class DatagenMapOperator(_DatagenBase):
                 raise _bad_process(process)
         self.process = process
         self.processor_version = processor_version
+        self.redo_completed = _check_redo_completed(self, redo_completed)
         self.checkpoint_every = check_positive_int(self, "checkpoint_every", checkpoint_every, allow_none=True)
         if not isinstance(checkpoint_interval, (int, float)) or checkpoint_interval <= 0:
             raise bad_argument(
@@ -447,6 +473,8 @@ class DatagenMapOperator(_DatagenBase):
             progress=_Progress(self.log, self.progress_interval),
             reraise=(AirflowTaskTimeout,),
             concurrency=self.concurrency,
+            # the plan's choice travels in its chunks (older plans' chunks lack it)
+            redo_completed=self.chunk.get("redo_completed", self.redo_completed) if self.chunk else self.redo_completed,
         )
         result = report.as_dict()
         self.log.info("chunk done: %s (%d commits, %d events)", result, report.commits, report.events)

@@ -28,6 +28,18 @@ def always_ok(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
     return {"upper": str(item["text"]).upper(), "n": len(str(item["text"]))}
 
 
+def answer_v1(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Version 1 of a process: its output names the version (the processor-version tests)."""
+    _record(ctx)
+    return {"answer": f"v1:{item['text']}"}
+
+
+def answer_v2(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Version 2 of :func:`answer_v1`."""
+    _record(ctx)
+    return {"answer": f"v2:{item['text']}"}
+
+
 def counted_fake_model(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
     """The quickstart's fake model, recorded: the quickstart test points the example DAG at it."""
     _record(ctx)

@@ -20,6 +20,7 @@ from airflow_provider_datagen.operators.datagen import (
     DatagenPlanOperator,
     ItemsFailedError,
 )
+from tests._support.engine import export_rows
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -411,3 +412,86 @@ def test_templated_fields_render_exactly_as_airflow_renders_them(dag_kwargs: dic
     marked_up = f"{env.variable_start_string} x {env.variable_end_string}"
     nested = op.render_template([{"id": "p1", "v": [marked_up, "plain"]}], context, env)
     assert nested in ([{"id": "p1", "v": ["7", "plain"]}], [{"id": "p1", "v": [7, "plain"]}])
+
+
+# --- processor versions (issue 15.1) --------------------------------------------------------------------
+
+VERSIONED_DAG = """
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_datagen.operators.datagen import DatagenExportOperator, DatagenMapOperator, DatagenPlanOperator
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
+    plan = DatagenPlanOperator(task_id="plan", pipeline="ops", experiment="versions", source={source!r},
+                               chunk_size=4, processor_version={version!r}{plan_extra})
+    gen = DatagenMapOperator.partial(task_id="generate", pipeline="ops", experiment="versions",
+                                     process="tests._support.procs:answer_{version}",
+                                     processor_version={version!r}).expand_kwargs(plan.output)
+    export = DatagenExportOperator(task_id="export", pipeline="ops", experiment="versions",
+                                   destination={destination!r}, trigger_rule="none_failed")
+    plan >> gen >> export
+"""
+
+
+def _versioned_dag(tmp: Path, version: str, plan_extra: str = "") -> str:
+    return VERSIONED_DAG.format(
+        dag_id="ops_versions",
+        source=_items(10),
+        version=version,
+        plan_extra=plan_extra,
+        destination=str(tmp / "versions_export.lance"),
+    )
+
+
+def test_a_version_bump_regenerates_only_when_the_plan_asks(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    v1 = run_dag_file(_versioned_dag(tmp_path, "v1"), "ops_versions")
+    assert v1.state == "success"
+    assert _calls(calls) == collections.Counter({str(i): 1 for i in range(10)})
+    assert v1.xcom("export", key="datagen_status")["completed_by_version"] == {"v1": 10}
+    calls.unlink()
+
+    # the default keeps the v1 outputs and says how to regenerate them (the task log goes to stdout)
+    capfd.readouterr()
+    kept = run_dag_file(_versioned_dag(tmp_path, "v2"), "ops_versions")
+    assert kept.state == "success" and kept.xcom("plan") == []
+    assert not calls.exists()
+    hint = (
+        "10 completed or filtered items were produced by other processor versions (v1: 10); they are kept. "
+        "Pass redo_completed='other_version' to regenerate them."
+    )
+    assert hint in capfd.readouterr().out
+    assert kept.xcom("plan", key="datagen_status")["completed_by_version"] == {"v1": 10}
+
+    redo = run_dag_file(_versioned_dag(tmp_path, "v2", ', redo_completed="other_version"'), "ops_versions")
+    assert redo.state == "success"
+    chunks = redo.xcom("plan")
+    assert [c["chunk"]["item_ids"] for c in chunks] == [["0", "1", "2", "3"], ["4", "5", "6", "7"], ["8", "9"]]
+    assert {c["redo_completed"] for c in chunks} == {c["chunk"]["redo_completed"] for c in chunks} == {"other_version"}
+    assert "they are kept" not in capfd.readouterr().out
+    assert _calls(calls) == collections.Counter({str(i): 1 for i in range(10)})  # every item, once
+    assert redo.xcom("export", key="datagen_status")["completed_by_version"] == {"v2": 10}
+    assert redo.xcom("export")["rows"] == 10
+    rows = export_rows(tmp_path / "versions_export.lance")
+    assert all("v2:" in repr(r) and "v1:" not in repr(r) for r in rows)
+    history = _log("versions").events("3")
+    assert [e.processor_version for e in history if e.event_type.value == "ITEM_CREATED"] == ["v1", "v2"]
+    calls.unlink()
+
+    again = run_dag_file(_versioned_dag(tmp_path, "v2", ', redo_completed="other_version"'), "ops_versions")
+    assert again.xcom("plan") == [] and not calls.exists()  # done under v2: nothing to redo
+
+
+def test_a_bad_redo_completed_is_refused_at_parse_time() -> None:
+    needle = r"redo_completed='always' is not one of 'never', 'other_version'; pass 'never'"
+    with pytest.raises(ConfigurationError, match=rf"^DatagenPlanOperator: {needle}"):
+        DatagenPlanOperator(task_id="p", pipeline="ops", experiment="e", source=_items(), redo_completed="always")
+    with pytest.raises(ConfigurationError, match=rf"^DatagenMapOperator: {needle}"):
+        DatagenMapOperator(
+            task_id="m", pipeline="ops", experiment="e", process=print, source=[], redo_completed="always"
+        )
+    assert DatagenPlanOperator(task_id="p", pipeline="ops", experiment="e", source=[]).redo_completed == "never"

@@ -101,6 +101,7 @@ def test_experiment_status_json(client: TestClient, main_log: Any) -> None:
     assert s["log_version"] == main_log.version == s["stats"]["version"]
     assert s["stats"]["events"] > 0 and s["stats"]["size_bytes"] > 0
     assert s["failure_rows"] == 10
+    assert s["completed_by_version"] == {"(none)": 5, "v1": 60}  # map1's writer recorded no version
     assert {f["item_id"] for f in s["recent_failures"]} == {iid(i) for i in range(80, 90)}
     assert all(f["error_type"] == "RuntimeError" and f["try_number"] == 1 for f in s["recent_failures"])
 
@@ -114,6 +115,7 @@ def test_experiment_page_counts(client: TestClient, main_log: Any) -> None:
     assert card(page, "failed items") == 5
     assert card(page, "fan-out children") == 2
     assert f"Log version <b>{main_log.version}</b>" in page
+    assert "Completed by processor version: <b>(none)</b> 5 · <b>v1</b> 60</p>" in page
     assert "model timeout on item-089" in page
     assert "1–50 of 120" in page
 

@@ -11,7 +11,7 @@ import gc
 import logging
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_datagen.core.planner import as_source, classify
+from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, check_redo_completed, classify
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, chunks, pulls
 from airflow_provider_datagen.core.runner.driver import Runner
 from airflow_provider_datagen.core.runner.interpreter import has_fanout
@@ -48,6 +48,7 @@ def run_items(
     progress: Callable[[int, int], None] | None = None,
     reraise: tuple[type[BaseException], ...] = (),
     concurrency: int = 1,
+    redo_completed: str = REDO_NEVER,
 ) -> RunReport:
     """Process every pending item of ``items`` and record it in ``log``; touch nothing that is done.
 
@@ -68,6 +69,9 @@ def run_items(
     items resuming mid-cursor). Fan-out children, at any depth, run in a second pool of threads, each
     into its own buffer merged in index order; permits keep the threads running user code at
     ``concurrency`` (an item waiting for its children holds none and runs those not yet started).
+
+    ``redo_completed="other_version"`` regenerates items completed (or filtered) under another
+    processor version; ``"never"`` (the default) keeps them (see :func:`~airflow_provider_datagen.core.plan_resume`).
     """
     if checkpoint_every is not None and (
         isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1
@@ -87,11 +91,12 @@ def run_items(
         raise bad_argument(
             "run_items", "concurrency", concurrency, "is not an int >= 1", "pass 1 to run items one at a time"
         )
+    check_redo_completed("run_items", redo_completed)
     pipeline = as_pipeline(process_or_pipeline)
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
     states = log.states()
-    plan = classify(source, states, processor_version, log.version)
+    plan = classify(source, states, processor_version, log.version, redo_completed=redo_completed)
     report = RunReport(skipped=list(plan.skip), plan=plan)
     policy = CommitPolicy.of(checkpoint_every, checkpoint_interval)
     shared = RunShared(

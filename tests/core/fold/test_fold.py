@@ -338,6 +338,27 @@ def test_a_new_item_created_starts_a_new_generation() -> None:
     assert (st2.fields, st2.failures, st2.processor_version) == ({}, 0, "v2")
 
 
+def test_a_version_redo_after_terminal_starts_a_new_generation_of_the_same_input() -> None:
+    # redo_completed="other_version": the same input, a new ITEM_CREATED under v2 after the v1 TERMINAL
+    redo = [ev("5", 6, ET.ITEM_CREATED, pv="v2"), ev("5", 7, ET.STEP_STARTED, step="gen", kind="Sequence")]
+    mid = fold_events("5", happy() + redo)
+    assert (mid.status, mid.fields, mid.cursor, mid.terminal_seq) == (ItemStatus.RUNNING, {}, None, None)
+    assert (mid.input_fingerprint, mid.processor_version, mid.created_seq) == ("f1", "v2", 6)
+    assert vector_rows(happy() + redo) == reference_rows(happy() + redo)
+    redo += [
+        ev("5", 8, ET.FIELD_SET, field="answer", value="v2 answer", step="gen"),
+        ev("5", 9, ET.STEP_COMPLETED, step="gen", kind="Sequence", pv="v2"),
+        ev("5", 10, ET.TERMINAL, status="completed"),
+    ]
+    done = fold_events("5", happy() + redo)
+    assert done.status is ItemStatus.COMPLETED
+    assert done.fields == {"answer": "v2 answer"}  # the v1 "votes" stays in history only
+    assert [c.processor_version for c in done.completed_steps] == ["v2"]
+    assert (done.processor_version, done.created_seq, done.terminal_seq) == ("v2", 6, 10)
+    assert vector_rows(happy() + redo) == reference_rows(happy() + redo)
+    assert vector_rows(happy() + redo)[0]["processor_version"] == "v2"
+
+
 def test_retried_batches_are_deduplicated() -> None:
     events = happy()
     retried = events + events[2:5] + [rewritten(e, writer="w2") for e in events]
@@ -559,9 +580,13 @@ def orderly_item(draw: st.DrawFn, item: str) -> list[Event]:
     out: list[Event] = []
     seq = 0
     epoch = draw(st.integers(1, 2))
+    fp, pv = "f0", "v1"
     for gen in range(draw(st.integers(1, 3))):
-        fp = f"f{gen}"
-        out.append(ev(item, seq, ET.ITEM_CREATED, fp=fp, epoch=epoch))
+        if gen and draw(st.booleans()):
+            pv = f"v{gen + 1}"  # a processor-version redo: the same input, a new version
+        else:
+            fp = f"f{gen}"  # an edited input
+        out.append(ev(item, seq, ET.ITEM_CREATED, fp=fp, pv=pv, epoch=epoch))
         seq += 1
         for _ in range(draw(st.integers(0, 4))):
             etype = draw(

@@ -14,6 +14,7 @@ import pytest
 from airflow_provider_datagen.core import (
     ItemStatus,
     Loop,
+    MapReduce,
     Router,
     Sequence,
     Step,
@@ -331,6 +332,100 @@ def test_a_cursor_of_another_processor_version_is_demoted_to_the_first_step(log:
     assert st.fields == {"a": "v2:1", "b": "v2:1+b", "c": "v2:1+b+c"}  # nothing of the v1 attempt
     assert {c.processor_version for c in st.completed_steps} == {"v2"}
     assert st.processor_version == "v2"
+
+
+def versioned_process(version: str, shape: str, calls: list[tuple[str, str]]) -> Any:
+    """A process (one leaf) or a two-step pipeline whose outputs name ``version``; v1 writes one more field."""
+
+    def gen(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.append((ctx.item_id, version))
+        out: dict[str, Any] = {"answer": f"{version}:{item['text']}"}
+        if version == "v1":
+            out["only_v1"] = True
+        return out
+
+    if shape == "leaf":
+        return gen
+    return Sequence("s", [Step("gen", gen), Step("judge", lambda item, ctx: {"judged": ctx.fields["answer"]})])
+
+
+@pytest.mark.parametrize(("shape", "concurrency"), [("leaf", 1), ("steps", 1), ("leaf", 4), ("steps", 4)])
+def test_other_version_regenerates_every_completed_item_once(
+    log: Any, tmp_path: Any, shape: str, concurrency: int
+) -> None:
+    items = make_items(8)
+    calls: list[tuple[str, str]] = []
+    run_items(log, items, versioned_process("v1", shape, calls), processor_version="v1")
+    v1_events = {iid: log.events(iid) for iid in map(str, range(8))}
+    calls.clear()
+    # the default keeps them
+    kept = run_items(log, items, versioned_process("v2", shape, calls), processor_version="v2", epoch=2)
+    assert calls == [] and len(kept.skipped) == 8
+    report = run_items(
+        log,
+        items,
+        versioned_process("v2", shape, calls),
+        processor_version="v2",
+        epoch=3,
+        concurrency=concurrency,
+        redo_completed="other_version",
+    )
+    assert sorted(calls) == [(str(i), "v2") for i in range(8)]  # each item re-invoked exactly once
+    assert sorted(report.processed) == sorted(report.plan.demoted) == [str(i) for i in range(8)]
+    for i, item in enumerate(items):
+        st = log.item_state(str(i))
+        assert st.status is ItemStatus.COMPLETED and st.processor_version == "v2"
+        assert "only_v1" not in st.fields  # the new generation starts clean
+        assert st.fields["answer"] == f"v2:{item['text']}"
+        history = log.events(str(i))
+        assert history[: len(v1_events[str(i)])] == v1_events[str(i)]  # the v1 generation stays in history
+        created = [e for e in history if e.event_type is EventType.ITEM_CREATED]
+        assert [e.processor_version for e in created] == ["v1", "v2"]
+        assert {e.input_fingerprint for e in created} == {st.input_fingerprint}  # under the same input
+    result = export_results(log, str(tmp_path / "out.lance"))
+    from tests._support.engine import export_rows
+
+    rows = export_rows(tmp_path / "out.lance")
+    assert result["rows"] == 8 and all("v2:" in repr(r) and "v1:" not in repr(r) for r in rows)
+    assert log.summary()["completed_by_version"] == {"v2": 8}
+    calls.clear()
+    v2 = versioned_process("v2", shape, calls)
+    again = run_items(log, items, v2, processor_version="v2", epoch=4, redo_completed="other_version")
+    assert calls == [] and len(again.skipped) == 8  # done under the current version: skipped
+
+
+def test_other_version_reruns_the_fanout_children_of_a_regenerated_item(log: Any) -> None:
+    calls: list[tuple[str, str]] = []
+
+    def pipe(version: str) -> MapReduce:
+        def leaf(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+            calls.append((ctx.item_id, version))
+            return {"part": f"{version}:{item['v']}"}
+
+        return MapReduce(
+            "mr",
+            over=lambda item, ctx: [{"v": v} for v in range(2)],
+            map=Step("leaf", leaf),
+            reduce=lambda children, ctx: {"parts": [c["part"] for c in children]},
+        )
+
+    run_items(log, make_items(2), pipe("v1"), processor_version="v1")
+    calls.clear()
+    run_items(log, make_items(2), pipe("v2"), processor_version="v2", epoch=2, redo_completed="other_version")
+    assert sorted(calls) == [(f"{i}/mr:{c}", "v2") for i in range(2) for c in range(2)]
+    assert log.item_state("1").fields == {"parts": ["v2:0", "v2:1"]}
+    summary = log.summary()
+    assert (summary["completed_by_version"], summary["children"]) == ({"v2": 2}, 4)  # roots only
+
+
+def test_a_bad_redo_completed_is_refused_before_anything_is_written(log: Any) -> None:
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^run_items: redo_completed='v2' is not one of 'never', 'other_version'; pass 'never' .* or "
+        r"'other_version'",
+    ):
+        run_items(log, make_items(2), flat_process(), redo_completed="v2")
+    assert log.version == 0
 
 
 def test_same_processor_version_resumes_from_the_cursor(log: Any) -> None:
