@@ -325,7 +325,7 @@ class Interpreter:
             inputs = [self._call(item, coord, lambda: dict(make_input(item.data, ctx))) if make_input else item.data]
             bodies = [step.pipeline]
         children_fields: list[dict[str, Any]] = [{} for _ in inputs]
-        # an item on a worker thread, root or child (the main thread's own replays stay sequential)
+        # an item on a worker thread, root or child (with concurrency=1 the main thread runs them in order)
         parallel = self._children_in_pool()
         jobs: list[ChildJob] = []
         for idx, (child_input, body) in enumerate(zip(inputs, bodies)):
