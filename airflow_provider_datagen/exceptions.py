@@ -53,6 +53,10 @@ class ProcessError(DatagenError):
     """The user's process function misbehaved (returned a non-dict, a non-JSON value, ...)."""
 
 
+class ProcessContractError(ProcessError):
+    """The process broke its contract (return type, field names or values) on consecutive items: the chunk stopped."""
+
+
 class ConfigurationError(DatagenError, ValueError):
     """An operator, hook or sensor argument is invalid; names the parameter."""
 

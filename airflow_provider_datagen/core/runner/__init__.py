@@ -1,8 +1,9 @@
 """The resume engine: drives source items through a pipeline with inbox/ack semantics and group commit.
 
-Modules, by job: ``context`` (what a step sees), ``interpreter`` (steps to events), ``commit`` (the
-inbox and group commit), ``failures``, ``driver`` (the main thread's runner), ``threads``
-(``concurrency=N``), ``shared`` (what the runner and its workers share), ``run`` (``run_items``).
+Modules, by job: ``context`` (what a step sees), ``interpreter`` (steps to events), ``contract``
+(what a step may return and write), ``commit`` (the inbox and group commit), ``failures``, ``driver``
+(the main thread's runner), ``threads`` (``concurrency=N``), ``shared`` (what the runner and its
+workers share), ``run`` (``run_items``).
 See docs/design.md, Resume.
 """
 

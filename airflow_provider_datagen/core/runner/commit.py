@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from airflow_provider_datagen.core.runner.contract import ContractStreak
 from airflow_provider_datagen.core.runner.interpreter import Interpreter
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ class Committer(Interpreter):
         #: items and commits the previous pull's acknowledgements with its inbox, so the pull is the
         #: count bound there and only the time bound flushes inside it
         self.ack_bound = shared.policy.group
+        #: consecutive items that broke the process's contract (see contract.py)
+        self.contract = ContractStreak()
 
     def flush(self) -> None:
         if len(self.batch):

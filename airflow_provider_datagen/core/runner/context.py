@@ -12,9 +12,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.events import BlobRef, encode_value
-from airflow_provider_datagen.core.ids import check_field_name
+from airflow_provider_datagen.core.runner.contract import check_field
 from airflow_provider_datagen.core.schema import ItemStatus
-from airflow_provider_datagen.exceptions import InvalidEventError, ProcessError
+from airflow_provider_datagen.exceptions import InvalidEventError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -76,15 +76,13 @@ class ItemContext:
 
     def set(self, name: str, value: Any) -> None:
         """Set a field (FIELD_SET), checkpointed with this step."""
-        check_field_name(name, error=ProcessError, where=f"item {self.item_id!r}: ctx.set got")
-        encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
+        check_field(self.item_id, "ctx.set", name, value)
         self._mode_check(name, "set")
         self._op(("set", name, value))
 
     def append(self, name: str, value: Any) -> None:
         """Append to a field (FIELD_APPEND), checkpointed with this step."""
-        check_field_name(name, error=ProcessError, where=f"item {self.item_id!r}: ctx.append got")
-        encode_value(value, what=f"field {name!r} of item {self.item_id!r}")
+        check_field(self.item_id, "ctx.append", name, value)
         self._mode_check(name, "append")
         self._op(("append", name, value))
 

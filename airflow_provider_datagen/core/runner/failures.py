@@ -1,8 +1,9 @@
 """What a failed item does to the run: a FAILED event and on, or the end of the run.
 
 An item's own error fails that item (FAILED rows for it and, for a fan-out child, its root) and the
-run goes on; ``fail_fast``, the ``reraise`` types, interrupts and anything outside ``Exception`` end
-the run once the acknowledgements already staged are committed.
+run goes on; ``fail_fast``, the ``reraise`` types, interrupts, anything outside ``Exception`` and
+the process breaking its contract on consecutive items (contract.py) end the run once the
+acknowledgements already staged are committed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from airflow_provider_datagen.core.events import StepCoord
+from airflow_provider_datagen.core.runner.contract import CONTRACT_STREAK, contract_abort, is_contract_error
 from airflow_provider_datagen.core.runner.signals import StepFailure
 from airflow_provider_datagen.exceptions import ItemFailedError, ProcessInterrupted
 
@@ -44,8 +46,11 @@ def on_failure(runner: Committer, item: WorkItem, exc: BaseException) -> None:
         # A child's failure also fails its root, so the root's failure lens tells the story.
         runner.batch.failed(item.item_id, error=err, step=where.step)
     runner.acked += 1  # a failed attempt leaves the group too: checkpoint_every counts it
-    runner.report.failed.append(item.item_id)
-    runner.report.errors[item.item_id] = f"{type(err).__name__}: {err}"
+    report = runner.report
+    # the items acknowledged before this one: a contract error's streak is broken by any of them
+    acks = len(report.processed) + len(report.failed)
+    report.failed.append(item.item_id)
+    report.errors[item.item_id] = f"{type(err).__name__}: {err}"
     logger.warning("item %s failed: %s: %s", item.item_id, type(err).__name__, err)
     if isinstance(err, (KeyboardInterrupt, SystemExit)):
         runner.flush()
@@ -58,6 +63,9 @@ def on_failure(runner: Committer, item: WorkItem, exc: BaseException) -> None:
         # not the item's fault, and swallowing it would defeat the timeout.
         runner.flush()
         raise err
+    if is_contract_error(err) and runner.contract.add(acks) >= CONTRACT_STREAK:
+        runner.flush()
+        raise contract_abort(shared.pipeline, where.step, failed_id, err) from err
     if shared.fail_fast:
         runner.flush()
         raise ItemFailedError(

@@ -8,12 +8,12 @@ re-entered, and a selector takes the branch its recorded frames name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from airflow_provider_datagen.core.events import StepCoord, encode_value, fingerprint_of
-from airflow_provider_datagen.core.ids import check_field_name, child_item_id
+from airflow_provider_datagen.core.events import StepCoord, fingerprint_of
+from airflow_provider_datagen.core.ids import child_item_id
 from airflow_provider_datagen.core.runner.context import ItemContext, WorkItem, loaded_fields
+from airflow_provider_datagen.core.runner.contract import check_result_of
 from airflow_provider_datagen.core.runner.shared import StepSite
 from airflow_provider_datagen.core.runner.signals import Filtered, StepFailure
 from airflow_provider_datagen.core.schema import FANOUT_KINDS, EventType, ItemStatus, StepKind
@@ -30,6 +30,8 @@ from airflow_provider_datagen.core.steps import (
 from airflow_provider_datagen.exceptions import ProcessError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+
     from airflow_provider_datagen.core.runner.report import RunReport
     from airflow_provider_datagen.core.runner.shared import RunShared
     from airflow_provider_datagen.core.store.batch import Batch
@@ -291,19 +293,8 @@ class Interpreter:
     def _check_result(self, item: WorkItem, step: Step, result: Any) -> dict[str, Any]:
         return {} if result is None else self._check_result_of(item.item_id, step, result)
 
-    @staticmethod
-    def _check_result_of(item_id: str, step: Step, result: Any) -> dict[str, Any]:
-        if not isinstance(result, Mapping):
-            raise ProcessError(
-                f"item {item_id!r}: step {step.name!r} returned a {type(result).__name__}; return a dict "
-                "of fields (or None) from the process function"
-            )
-        out: dict[str, Any] = {}
-        for name, value in result.items():
-            check_field_name(name, error=ProcessError, where=f"item {item_id!r}: step {step.name!r} returned")
-            encode_value(value, what=f"field {name!r} returned by step {step.name!r} for item {item_id!r}")
-            out[name] = value
-        return out
+    #: the fields a step returned, checked against the process's contract (a contract error otherwise)
+    _check_result_of = staticmethod(check_result_of)
 
     def _run_loop(self, item: WorkItem, step: Loop, enclosing: str | None, selector: str | None, path: str) -> None:
         for i in range(step.max_iterations):
@@ -334,7 +325,7 @@ class Interpreter:
             inputs = [self._call(item, coord, lambda: dict(make_input(item.data, ctx))) if make_input else item.data]
             bodies = [step.pipeline]
         children_fields: list[dict[str, Any]] = [{} for _ in inputs]
-        # an item on a worker thread, root or child (the main thread's own replays stay sequential)
+        # an item on a worker thread, root or child (with concurrency=1 the main thread runs them in order)
         parallel = self._children_in_pool()
         jobs: list[ChildJob] = []
         for idx, (child_input, body) in enumerate(zip(inputs, bodies)):

@@ -22,9 +22,12 @@ from airflow_provider_datagen.core.steps import Step, as_pipeline
 from airflow_provider_datagen.exceptions import bad_argument
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Iterator
 
+    from airflow_provider_datagen.core.fold import ItemState
+    from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.writer import LogWriter
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +63,26 @@ def run_items(
     ``reraise`` lists exception types that must end the run instead of failing one item (an
     orchestrator's timeout, say).
 
-    ``concurrency=N`` (N > 1) runs the per-item work of fresh and restarted items in N threads, so
-    I/O-bound calls that release the GIL (model or HTTP calls) overlap; the user's code must then be
-    thread-safe. Results are the same as with ``concurrency=1``: one thread still does every write and
-    commit, acknowledging items as they finish; a thread hands its item's finished steps to that
-    thread on the sequential cadence (each step with ``checkpoint_every=1``, else the time bound), so
-    a crash loses no more of a long item than without threads. Inbox replays stay sequential (a few
-    items resuming mid-cursor). Fan-out children, at any depth, run in a second pool of threads, each
-    into its own buffer merged in index order; permits keep the threads running user code at
-    ``concurrency`` (an item waiting for its children holds none and runs those not yet started).
+    ``concurrency=N`` (N > 1) runs the per-item work of every item in N threads: inbox replays
+    (items resuming from their recorded steps, failed items retried) first, then restarted and fresh
+    items, so I/O-bound calls that release the GIL (model or HTTP calls) overlap; the user's code must
+    then be thread-safe. Results are the same as with ``concurrency=1``: one thread still reads the
+    log and does every write and commit, acknowledging items as they finish; a thread hands its
+    item's finished steps to that thread on the sequential cadence (each step with
+    ``checkpoint_every=1``, else the time bound), so a crash loses no more of a long item than without
+    threads. Fan-out children, at any depth, run in a second pool of threads, each into its own buffer
+    merged in index order; permits keep the threads running user code at ``concurrency`` (an item
+    waiting for its children holds none and runs those not yet started).
+
+    An error raised by the user's code fails that item (a FAILED row; a rerun retries it) and the run
+    goes on. The process breaking its contract (returning something other than a dict or None,
+    invalid field names, values that are not JSON-serializable, in its return value or through
+    ``ctx.set``/``ctx.append``) fails the item the same way, but on 3 consecutive items it ends the
+    run with :class:`~airflow_provider_datagen.exceptions.ProcessContractError` naming the function,
+    the item and the fix: those items keep their FAILED rows, items not yet invoked stay pending, and
+    no more calls are paid for. "Consecutive" is in acknowledgement order: with ``concurrency=N``
+    items are acknowledged as they finish (items finishing together in submission order), and the
+    items already running when the run ends are acknowledged before it raises.
 
     ``redo_completed="other_version"`` regenerates items completed (or filtered) under another
     processor version; ``"never"`` (the default) keeps them (see :func:`~airflow_provider_datagen.core.plan_resume`).
@@ -124,29 +138,23 @@ def run_items(
     # source items and plan already alive; frozen, the collector only looks at what the run allocates.
     gc.freeze()
     try:
-        # 1. The inbox: items created and never acknowledged, resumed from their coordinates.
-        for chunk in chunks(plan.replay, _STATE_CHUNK):
-            for iid, st in log.item_states(chunk).items():
-                if st.is_done and st.input_fingerprint == by_id[iid].fingerprint:
-                    # another writer acknowledged it after our plan: acknowledged work is never redone
-                    report.skipped.append(iid)
-                    tick()
-                    continue
-                writer.prime(
-                    iid, last_seq=st.last_seq, input_fingerprint=st.input_fingerprint, field_modes=st.field_modes
-                )
-                runner.run_root(by_id[iid], st, replayed=True)
-                tick()
+        # 1. The inbox: items created and never acknowledged (failed ones too), resumed from their
+        # coordinates; read from the log as they are taken.
+        replays = _inbox(log, writer, plan.replay, by_id, report, tick)
         # 2. Restarts (demoted cursors, edited inputs) and fresh items: pulled into the inbox first.
         restart = [*plan.demoted, *plan.invalidated, *plan.fresh]
         replayed_restarts = set(plan.demoted)
         cap = max(policy.group, MIN_PULL)
         one_step = type(pipeline) is Step  # no frames, no fan-out: the driver's short path
-        if policy.pipelined:
-            runner.ack_bound = cap + 1  # never reached: each pull's acks commit with the next pull
-        if concurrency > 1 and restart:
-            run_pulls_concurrently(runner, writer, restart, by_id, plan, concurrency, tick)
+        if concurrency > 1 and (plan.replay or restart):
+            # both phases in one pool: the replays first, then the pulls, with no drain between
+            run_pulls_concurrently(runner, writer, replays, restart, by_id, plan, concurrency, tick)
         else:
+            for src, st in replays:
+                runner.run_root(src, st, replayed=True)
+                tick()
+            if policy.pipelined:
+                runner.ack_bound = cap + 1  # never reached: each pull's acks commit with the next pull
             for chunk in pulls(restart, cap, checkpoint_interval):
                 writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
                 runner.pull([(by_id[iid], None) for iid in chunk])
@@ -171,3 +179,27 @@ def run_items(
     finally:
         gc.unfreeze()
     return report
+
+
+def _inbox(
+    log: CheckpointLog,
+    writer: LogWriter,
+    replay: list[str],
+    by_id: dict[str, SourceItem],
+    report: RunReport,
+    tick: Callable[[], None],
+) -> Iterator[tuple[SourceItem, ItemState]]:
+    """The inbox items to resume, with their folded states, each primed into the writer as it is taken.
+
+    States are read :data:`_STATE_CHUNK` at a time as the run consumes them, in the thread that owns
+    the log; an item another writer acknowledged after our plan is skipped.
+    """
+    for chunk in chunks(replay, _STATE_CHUNK):
+        for iid, st in log.item_states(chunk).items():
+            if st.is_done and st.input_fingerprint == by_id[iid].fingerprint:
+                # another writer acknowledged it after our plan: acknowledged work is never redone
+                report.skipped.append(iid)
+                tick()
+                continue
+            writer.prime(iid, last_seq=st.last_seq, input_fingerprint=st.input_fingerprint, field_modes=st.field_modes)
+            yield by_id[iid], st

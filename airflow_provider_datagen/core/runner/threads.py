@@ -13,7 +13,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, pulls
 from airflow_provider_datagen.core.runner.context import WorkItem, loaded_fields
@@ -22,11 +22,13 @@ from airflow_provider_datagen.core.runner.interpreter import ChildJob, Interpret
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import FlushRequest
 from airflow_provider_datagen.core.runner.signals import RunEnded
-from airflow_provider_datagen.exceptions import ItemFailedError
+from airflow_provider_datagen.core.schema import ItemStatus
+from airflow_provider_datagen.exceptions import ItemFailedError, ProcessContractError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
+    from airflow_provider_datagen.core.fold import ItemState
     from airflow_provider_datagen.core.planner import ResumePlan
     from airflow_provider_datagen.core.runner.driver import Runner
     from airflow_provider_datagen.core.runner.shared import RunShared
@@ -38,6 +40,17 @@ if TYPE_CHECKING:
 ItemOutcome = tuple[tuple[str, Any] | None, BaseException | None]
 #: what ``ItemWorker.work_child`` returns: the child's fields, or the exception it raised
 ChildOutcome = tuple[dict[str, Any] | None, BaseException | None]
+
+
+class RootJob(NamedTuple):
+    """A root item for :func:`run_concurrent`: its source item and how :meth:`Runner.run_root` would take it."""
+
+    src: SourceItem
+    #: the folded state of an inbox replay (resumed from its recorded cursor), else None
+    state: ItemState | None
+    replayed: bool
+    #: a restarted root with events in the log (its fan-out children are read before it runs)
+    history: bool
 
 
 class ItemWorker(Interpreter):
@@ -171,10 +184,10 @@ def run_concurrent(
     runner: Runner,
     pool: ThreadPoolExecutor,
     concurrency: int,
-    jobs: Iterable[tuple[SourceItem, bool, bool]],
+    jobs: Iterable[RootJob],
     tick: Callable[[], None],
 ) -> None:
-    """:meth:`Runner.run_root` for ``jobs`` (source item, replayed, history), up to ``concurrency`` at a time.
+    """:meth:`Runner.run_root` for ``jobs``, up to ``concurrency`` at a time.
 
     Workers only drive an item into a private buffer; the runner's (main) thread stays the only
     writer: it merges a finished item's buffer into its batch and acknowledges it exactly as
@@ -184,10 +197,10 @@ def run_concurrent(
     only its ITEM_CREATED and the steps handed over in the log, so it resumes from there next run.
     """
     shared = runner.shared
-    todo: Iterator[tuple[SourceItem, bool, bool]] = iter(jobs)
+    todo: Iterator[RootJob] = iter(jobs)
     inflight: dict[Future[ItemOutcome], tuple[ItemWorker, WorkItem]] = {}
     order: dict[str, int] = {}
-    stopped: ItemFailedError | None = None
+    stopped: ItemFailedError | ProcessContractError | None = None
     waiting = False
     handoff = shared.handoff
 
@@ -200,13 +213,18 @@ def run_concurrent(
                 job = next(todo, None)
                 if job is None:
                     break
-                src, replayed, history = job
-                # A restarted root's children are read here, in the thread that owns the log, as
-                # run_root reads them; a worker only primes the ids of children it creates.
-                children = runner.children_states(src.item_id) if shared.has_fanout and history else {}
+                src, state, replayed, history = job
+                # A restarted or replayed root's children are read here, in the thread that owns the
+                # log, as run_root reads them; a worker only primes the ids of children it creates.
+                children = (
+                    runner.children_states(src.item_id)
+                    if shared.has_fanout and (history or (state is not None and state.status is ItemStatus.RUNNING))
+                    else {}
+                )
                 if children:  # their blob-stored values too: a worker never reads the log
                     children = {cid: replace(st, fields=loaded_fields(st.fields)) for cid, st in children.items()}
-                item = WorkItem.start(src.item_id, src.key, src.data, src.fingerprint, None, children)
+                # a replayed root's recorded fields are loaded here too (WorkItem.start reads its blobs)
+                item = WorkItem.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
                 if replayed:
                     runner.report.replayed.append(src.item_id)
                 worker = ItemWorker(shared)
@@ -241,9 +259,10 @@ def run_concurrent(
                 else:
                     try:
                         on_failure(runner, item, exc)
-                    except ItemFailedError as err:
-                        # fail_fast: submit nothing more, but acknowledge what is already running
-                        # (its work is paid for) before raising the first failure, as sequential does
+                    except (ItemFailedError, ProcessContractError) as err:
+                        # fail_fast, or the process broke its contract once too often: submit nothing
+                        # more (pull nothing more), but acknowledge what is already running (its work
+                        # is paid for) before raising the first such error, as sequential does
                         if stopped is None:
                             stopped = err
                 tick()
@@ -284,25 +303,35 @@ def serve(runner: Runner, requests: list[FlushRequest]) -> None:
 def run_pulls_concurrently(
     runner: Runner,
     writer: LogWriter,
+    replays: Iterable[tuple[SourceItem, ItemState]],
     restart: list[str],
     by_id: dict[str, SourceItem],
     plan: ResumePlan,
     concurrency: int,
     tick: Callable[[], None],
 ) -> None:
-    """Phase 2 of ``run_items`` with ``concurrency > 1``: the same pulls, each run by a thread pool."""
+    """``run_items`` with ``concurrency > 1``: the inbox replays, then the same pulls, all run by one thread pool.
+
+    ``replays`` yields each inbox item to resume with its state (read and primed into the writer on
+    this thread as it is consumed); the restarted and fresh items follow without a drain between.
+    """
     shared = runner.shared
     replayed_restarts = set(plan.demoted)
+    cap = max(shared.policy.group, MIN_PULL)
 
-    def jobs() -> Iterator[tuple[SourceItem, bool, bool]]:
-        # Consumed as threads free up: the next pull happens once the previous pull's items are all
-        # submitted, while its last ones still run (no idle tail per pull), and each pull's inbox
-        # commit still precedes its own items' work.
-        for chunk in pulls(restart, max(shared.policy.group, MIN_PULL), shared.policy.interval):
+    def jobs() -> Iterator[RootJob]:
+        # Consumed as threads free up: the first pull happens once the last replay is submitted, the
+        # next pull once the previous pull's items are all submitted, while the last ones still run
+        # (no idle tail), and each pull's inbox commit still precedes its own items' work.
+        for src, state in replays:
+            yield RootJob(src, state, True, False)
+        if shared.policy.pipelined:
+            runner.ack_bound = cap + 1  # as run_items' sequential path: each pull's acks commit with the next
+        for chunk in pulls(restart, cap, shared.policy.interval):
             writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
             runner.pull([(by_id[iid], None) for iid in chunk])
             for iid in chunk:
-                yield by_id[iid], iid in replayed_restarts, iid in plan.last_seq
+                yield RootJob(by_id[iid], None, iid in replayed_restarts, iid in plan.last_seq)
 
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="datagen-item")
     if shared.has_fanout:

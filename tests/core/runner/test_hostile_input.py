@@ -59,6 +59,7 @@ from airflow_provider_datagen.exceptions import (
     ItemFailedError,
     LogCorruptedError,
     LogWriteError,
+    ProcessContractError,
     ProcessInterrupted,
     SchemaVersionError,
 )
@@ -315,6 +316,31 @@ def bad_result_case(value_of: Callable[[dict[str, Any]], Any], error_type: str, 
         with pytest.raises(ItemFailedError) as info:
             run_items(lg, items, process, fail_fast=True, writer_id="ff", epoch=lg.next_epoch())
         assert isinstance(info.value, DatagenError) and "bad" in str(info.value)
+
+    return case
+
+
+def broken_on_every_item_case(value_of: Callable[[dict[str, Any]], Any], *needles: str) -> Callable[[Env], None]:
+    """The process breaks its contract on every item: the chunk stops at the third, not after every paid call."""
+
+    def case(env: Env) -> None:
+        items = [{"id": f"item-{i}"} for i in range(10)]
+        calls: list[str] = []
+
+        def process(item: dict[str, Any], ctx: Any) -> Any:
+            calls.append(item["id"])
+            return value_of(item)
+
+        with pytest.raises(ProcessContractError) as info:
+            run_new(env, items, process)
+        message = str(info.value)
+        assert "consecutive items" in message and "'item-2'" in message and "return a dict" in message
+        for needle in needles:
+            assert needle.lower() in message.lower(), message
+        assert calls == ["item-0", "item-1", "item-2"]
+        lg = env.open()
+        assert [len(lg.failures(f"item-{i}")) for i in range(4)] == [1, 1, 1, 0]
+        assert plan_resume(lg, items).pending == [f"item-{i}" for i in range(10)]  # nothing was lost
 
     return case
 
@@ -749,6 +775,8 @@ CASES = [
     Case("result-int-field-name", bad_result_case(lambda i: {1: "x"}, "ProcessError", "field name", "strings")),
     Case("result-empty-field-name", bad_result_case(lambda i: {"": 1}, "ProcessError", "field name")),
     Case("result-nul-field-name", bad_result_case(lambda i: {"a\x00b": 1}, "ProcessError", "without NUL")),
+    Case("result-list-on-every-item", broken_on_every_item_case(lambda i: [1, 2], "returned a list")),
+    Case("result-object-value-on-every-item", broken_on_every_item_case(lambda i: {"o": object()}, "not JSON")),
     Case("keyboard-interrupt-per-item-acks", interrupted_case(KeyboardInterrupt, 1)),
     Case("keyboard-interrupt-group-acks", interrupted_case(KeyboardInterrupt, None)),
     Case("system-exit", interrupted_case(lambda: SystemExit(3), 3)),

@@ -689,3 +689,92 @@ def test_a_loop_over_a_fanout_commits_each_generation_of_a_child_in_order(
     run_items(par_log, make_items(4), _looped(nested), concurrency=3, **kwargs)
     assert _event_ids(par_log) == _event_ids(seq_log)  # the same numbering as the sequential run
     assert results_fp(par_log) == results_fp(seq_log)
+
+
+# --- inbox replays and failed items run under concurrency too ------------------------------------------
+
+
+def _two_steps(calls: Calls, barrier: threading.Barrier | None = None, fail_b: bool = False) -> Sequence:
+    """Steps a then b; b waits at ``barrier`` (it only opens if that many items run b at once) or fails."""
+
+    def a(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.record(f"{ctx.item_id}@a")
+        return {"a": f"{item['text']}:a"}
+
+    def b(item: dict[str, Any], ctx: Any) -> None:
+        calls.record(f"{ctx.item_id}@b")
+        with calls:
+            if barrier is not None:
+                barrier.wait()  # BrokenBarrierError (a failed item) if the items ran one after another
+            if fail_b:
+                raise ValueError(f"rate limited on {ctx.item_id}")
+        ctx.set("b", f"{ctx.fields['a']}:b")
+        ctx.append("trail", ctx.idempotency_key("emit"))
+
+    return Sequence("ab", [Step("a", a), Step("b", b)])
+
+
+K = 6  # fewer than a pull: every item of the first run is in its one inbox commit
+
+
+def _crashed_inbox(tmp_path: Any, name: str) -> Any:
+    """A log whose K items are in the inbox (ITEM_CREATED, no TERMINAL, no FAILED): the run was killed."""
+
+    def crash(item: dict[str, Any], ctx: Any) -> None:
+        raise Crash("killed before any item finished")
+
+    log = open_log(tmp_path, name)
+    with pytest.raises(Crash):
+        run_items(log, make_items(K), Step("ab", crash), reraise=(Crash,))
+    assert set(statuses(log).values()) == {"running"} and all(not log.failures(str(i)) for i in range(K))
+    return log
+
+
+def test_inbox_replays_run_at_the_same_time(tmp_path: Any) -> None:
+    """After a crash the K inbox items meet at a barrier: they only get there together if they run concurrently."""
+    log = _crashed_inbox(tmp_path, "replays")
+    calls = Calls()
+    report = run_items(log, make_items(K), _two_steps(calls, threading.Barrier(K, timeout=10)), concurrency=K, epoch=2)
+    assert report.failed == [] and sorted(report.replayed) == sorted(report.processed) == [str(i) for i in range(K)]
+    assert calls.max_now == K
+    sequential = _crashed_inbox(tmp_path, "replays-seq")
+    run_items(sequential, make_items(K), _two_steps(Calls()), epoch=2)
+    assert _event_ids(log) == _event_ids(sequential)
+    assert results_fp(log) == results_fp(sequential)
+
+
+def test_failed_items_rerun_at_the_same_time_from_their_last_completed_step(tmp_path: Any) -> None:
+    """Items failed at step b rerun concurrently (a barrier for K) and resume at b: a is never run again."""
+    logs = {}
+    for name in ("par", "seq"):
+        log = logs[name] = open_log(tmp_path, name)
+        first = run_items(log, make_items(K), _two_steps(Calls(), fail_b=True), checkpoint_every=1)
+        assert sorted(first.failed) == [str(i) for i in range(K)]
+        assert all(st.completed_steps for st in log.item_states([str(i) for i in range(K)]).values())
+    calls = Calls()
+    barrier = threading.Barrier(K, timeout=10)
+    report = run_items(logs["par"], make_items(K), _two_steps(calls, barrier), concurrency=K, epoch=2)
+    assert report.failed == [] and sorted(report.processed) == [str(i) for i in range(K)]
+    assert calls.by_item == Counter({f"{i}@b": 1 for i in range(K)})  # the rerun resumed at b
+    assert calls.max_now == K
+    assert all(st.failures == 1 for st in logs["par"].item_states([str(i) for i in range(K)]).values())
+    run_items(logs["seq"], make_items(K), _two_steps(Calls()), epoch=2)
+    assert _event_ids(logs["par"]) == _event_ids(logs["seq"])  # the same events as a sequential rerun
+    assert results_fp(logs["par"]) == results_fp(logs["seq"])
+
+
+def test_replayed_fanout_roots_run_threaded_with_the_sequential_events(tmp_path: Any) -> None:
+    """A crash mid-fan-out leaves roots in the inbox with children in the log; a threaded replay of them
+    (children read before submission, run in the child pool) writes a sequential replay's events."""
+    logs = {}
+    for name, concurrency in (("seq", 1), ("par", 4)):
+        log = logs[name] = open_log(tmp_path, name)
+        with pytest.raises(Crash, match="crash on 17/fan:1"):
+            run_items(log, make_items(N), _fanout_pipeline(Calls(), crash_on="17/fan:1"), reraise=(Crash,))
+        resumed = Calls()
+        report = run_items(log, make_items(N), _fanout_pipeline(resumed), epoch=2, concurrency=concurrency)
+        assert "17" in report.replayed and report.failed == []
+        if concurrency > 1:
+            assert resumed.max_now > 1
+    assert _event_ids(logs["par"]) == _event_ids(logs["seq"])
+    assert results_fp(logs["par"]) == results_fp(logs["seq"])
