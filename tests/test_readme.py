@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import lance
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -78,8 +80,6 @@ def test_quick_start_dag_runs_as_written(
     # every item invoked exactly once, on its first attempt
     invoked = collections.Counter(calls.read_text().splitlines())
     assert invoked == collections.Counter(f"{p['id']}\t1" for p in prompts)
-    import lance
-
     table = lance.dataset(str(destination)).to_table()
     assert table.num_rows == len(prompts)
     assert sorted(table["item_id"].to_pylist()) == [p["id"] for p in prompts]
