@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 from dev.processes import LOOPBACK, ManagedProcess, StackError, is_listening, start_process, stop_processes, tail
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from pathlib import Path
     from types import TracebackType
 
@@ -129,6 +130,60 @@ class StackSettings:
         return self.home / "simple_auth_manager_passwords.json"
 
 
+_SECTION = re.compile(r"^\[([^\]]+)\]\s*$")
+
+
+def write_config(path: Path, env: Mapping[str, str]) -> None:
+    """Set each ``AIRFLOW__<SECTION>__<KEY>`` of ``env`` in the ``airflow.cfg`` at ``path``, keeping the rest.
+
+    Airflow writes a default ``airflow.cfg`` into a new home (its ``dags_folder`` is ``<home>/dags``,
+    its JWT secret a random one) while the components run on environment overrides, so an ``airflow``
+    command run later in that home saw another deployment. Lines of other keys, comments and the
+    generated Fernet key stay as Airflow wrote them; a key not in the file is added to its section.
+    """
+    wanted: dict[str, dict[str, str]] = {}
+    for name, value in env.items():
+        parts = name.split("__")
+        if len(parts) == 3 and parts[0] == "AIRFLOW" and parts[1] and parts[2]:
+            # the file is read with interpolation: a literal "%" is written "%%"
+            wanted.setdefault(parts[1].lower(), {})[parts[2].lower()] = value.replace("%", "%%")
+    lines = path.read_text().splitlines() if path.exists() else []
+    out: list[str] = []
+    section: str | None = None
+    done: set[tuple[str, str]] = set()
+
+    def close_section() -> None:  # the section's keys the file did not have
+        if section is None:
+            return
+        for key, value in wanted.get(section, {}).items():
+            if (section, key) not in done:
+                out.append(f"{key} = {value}")
+                done.add((section, key))
+
+    for line in lines:
+        header = _SECTION.match(line)
+        if header:
+            close_section()
+            section = header.group(1).strip().lower()
+            out.append(line)
+            continue
+        is_option = "=" in line and not line.lstrip().startswith(("#", ";"))
+        key = line.split("=", 1)[0].strip().lower() if is_option else None
+        if section is not None and key in wanted.get(section, {}):
+            if (section, key) not in done:  # a repeated key keeps one line
+                out.append(f"{key} = {wanted[section][key]}")
+                done.add((section, key))
+            continue
+        out.append(line)
+    close_section()
+    for sec, keys in wanted.items():
+        missing = {k: v for k, v in keys.items() if (sec, k) not in done}
+        if missing:
+            out += ["", f"[{sec}]", *(f"{k} = {v}" for k, v in missing.items())]
+    path.write_text("\n".join(out) + "\n")
+    path.chmod(0o600)  # it holds the stack's secrets, as Airflow's own file does
+
+
 def _airflow(*args: str) -> list[str]:
     return [sys.executable, "-m", "airflow", *args]
 
@@ -192,6 +247,8 @@ class AirflowStack:
             )
         if result.returncode != 0:
             raise StackError(f"airflow db migrate failed ({result.returncode}):\n{tail(log_path)}")
+        # After the migration, which made Airflow write its default airflow.cfg into a new home.
+        write_config(s.home / "airflow.cfg", self.env)
 
     def start(self) -> None:
         """Prepare, then start every component (does not wait for health)."""

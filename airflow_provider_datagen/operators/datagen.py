@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import logging
 
     from airflow.sdk import Context
+    from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
     from airflow_provider_datagen.core import CheckpointLog
 
@@ -348,6 +349,19 @@ class DatagenMapOperator(_DatagenBase):
     """
 
     template_fields = ("pipeline", "experiment", "processor_version")
+    _MAP_INDEX_TEMPLATE = "{{ task.chunk_label }}"
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> OperatorPartial:
+        """``BaseOperator.partial`` with the chunk's key range as the default map index label.
+
+        The task runner renders the *mapped* operator's ``map_index_template`` (a partial kwarg,
+        ``None`` unless given), read before the operator is unmapped, so the default set in
+        ``__init__`` alone never reaches the UI.
+        """
+        if kwargs.get("map_index_template") is None:
+            kwargs["map_index_template"] = cls._MAP_INDEX_TEMPLATE
+        return super().partial(**kwargs)
 
     def __init__(
         self,
@@ -368,7 +382,8 @@ class DatagenMapOperator(_DatagenBase):
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("map_index_template", "{{ task.chunk_label }}")
+        if kwargs.get("map_index_template") is None:
+            kwargs["map_index_template"] = self._MAP_INDEX_TEMPLATE
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
         if isinstance(process, str) and not _PROCESS_PATH_RE.match(process):
             raise _bad_process(process)

@@ -28,7 +28,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from airflow_provider_datagen.exceptions import DatagenError, NotFoundError
 from airflow_provider_datagen.plugins import pages
-from airflow_provider_datagen.plugins.data import MAX_PAGE_SIZE, STATUS_FILTERS, Reader, conn_id, current_reader
+from airflow_provider_datagen.plugins.data import (
+    MAX_PAGE_SIZE,
+    STATUS_FILTERS,
+    Reader,
+    conn_id,
+    current_reader,
+    running_not_failed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +105,7 @@ def _index_data(reader: Reader) -> dict[str, Any]:
         else:
             s = prep.summary
             entry["summary"] = s
+            entry["running_not_failed"] = running_not_failed(s)
             entry["progress"] = (s["completed"] + s["filtered"]) / s["total"] if s["total"] else 0.0
         experiments.append(entry)
     return {"root": reader.shown_root, "conn_id": conn_id(), "experiments": experiments}
@@ -107,10 +115,18 @@ def _items_args(
     status: str | None = Query(None, description="lifecycle status, 'failed' or 'violations'"),
     q: str | None = Query(None, max_length=4096, description="case-insensitive substring of the item id"),
     scope: str = Query("roots", description="roots (source items), children (fan-out) or all"),
+    version: str | None = Query(None, max_length=4096, description="the items' processor version, exactly"),
     offset: int = Query(0, ge=0),
     limit: int = Query(50, ge=1, le=MAX_PAGE_SIZE),
 ) -> dict[str, Any]:
-    return {"status": status or None, "q": q or None, "scope": scope, "offset": offset, "limit": limit}
+    return {
+        "status": status or None,
+        "q": q or None,
+        "scope": scope,
+        "version": version or None,
+        "offset": offset,
+        "limit": limit,
+    }
 
 
 ItemsArgs = Annotated[dict[str, Any], Depends(_items_args)]

@@ -30,7 +30,7 @@ from airflow_provider_datagen.core.store.paths import CHECKPOINTS_DIR, LOG_DIR, 
 from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, NotFoundError
 from airflow_provider_datagen.hooks.datagen import DatagenHook, redact_uri
 from airflow_provider_datagen.plugins.cache import VersionedCache
-from airflow_provider_datagen.plugins.item_view import iso, item_data
+from airflow_provider_datagen.plugins.item_view import RESOLVED_STATUSES, iso, item_data
 from airflow_provider_datagen.plugins.ti_view import TaskInstanceKey, current_status, scan_task_instance
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,15 @@ class Prepared:
     stats: dict[str, Any]
     counts_all: dict[str, int]
     fold_seconds: float
+
+
+def running_not_failed(summary: dict[str, Any]) -> int:
+    """Root items started and not finished whose attempts have not failed (``running`` minus failed).
+
+    ``running`` in a status dict counts every started, unfinished item; the failed ones among them
+    (``failed_items``, by :func:`~airflow_provider_datagen.core.status.failed_mask`) are shown apart.
+    """
+    return max(0, int(summary.get("running") or 0) - int(summary.get("failed_items") or 0))
 
 
 def _counts(states: pa.Table) -> dict[str, int]:
@@ -206,10 +215,15 @@ class Reader:
         opened = self.open(pipeline, experiment)
         prep = self.prepared(pipeline, experiment, opened)
         failures, failures_total = self.recent_failures(pipeline, experiment, opened)
+        # Item-level rule: a failure is resolved once its item is completed or filtered (by a later
+        # attempt, or a later input version); the fold of the same log version says which are.
+        now = current_status(prep.states, [f["item_id"] for f in failures])
+        failures = [{**f, "resolved": now.get(f["item_id"]) in RESOLVED_STATUSES} for f in failures]
         summary = prep.summary
         done = summary["completed"] + summary["filtered"]
         return {
             **summary,
+            "running_not_failed": running_not_failed(summary),
             "progress": (done / summary["total"]) if summary["total"] else 0.0,
             "counts_all_items": prep.counts_all,
             "items_all": prep.states.num_rows,
@@ -226,10 +240,15 @@ class Reader:
         status: str | None = None,
         q: str | None = None,
         scope: str = "roots",
+        version: str | None = None,
         offset: int = 0,
         limit: int = 50,
     ) -> dict[str, Any]:
-        """One page of the items table, filtered by status, id substring and scope (roots/children)."""
+        """One page of the items table, filtered by status, id substring, scope and processor version.
+
+        ``status="running"`` lists the running items that are not failed (``"failed"`` lists those),
+        as the badges show them; ``version`` is the exact processor version of the item's generation.
+        """
         if status and status not in STATUS_FILTERS:
             raise ConfigurationError(f"unknown status filter {status!r}; use one of {', '.join(STATUS_FILTERS)}")
         if scope not in SCOPES:
@@ -246,6 +265,8 @@ class Reader:
                 masks.append(pc.greater(table["depth"], 0))
             if status == FAILED:
                 masks.append(failed_mask(table))
+            elif status == ItemStatus.RUNNING.value:
+                masks.append(pc.and_(pc.equal(table["status"], status), pc.invert(failed_mask(table))))
             elif status == "violations":
                 masks.append(pc.greater(table["violations"], 0))
             elif status:
@@ -253,6 +274,8 @@ class Reader:
             if q:
                 # Plain substring (no regex, no SQL): a search string is user data too.
                 masks.append(pc.match_substring(table["item_id"], q, ignore_case=True))
+            if version:
+                masks.append(pc.fill_null(pc.equal(table["processor_version"], version), False))
         if masks:
             mask = masks[0]
             for m in masks[1:]:
@@ -266,6 +289,7 @@ class Reader:
             "status": status or None,
             "q": q or None,
             "scope": scope,
+            "version": version or None,
             "offset": offset,
             "limit": limit,
             "total": table.num_rows,

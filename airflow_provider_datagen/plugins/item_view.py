@@ -11,7 +11,7 @@ import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_datagen.core import BlobRef, EventType, fold_events
+from airflow_provider_datagen.core import BlobRef, EventType, ItemStatus, fold_events
 from airflow_provider_datagen.core.fold import failure_records
 from airflow_provider_datagen.core.ids import parent_of, root_of
 from airflow_provider_datagen.exceptions import NotFoundError
@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 #: Fan-out children listed on an item's page; the rest is counted.
 MAX_CHILDREN = 500
 _VALUE_PREVIEW = 300
+#: The item-level rule for the pages' "resolved" mark: once an item is completed or filtered, every
+#: failure it recorded before (by an earlier attempt, or an earlier input version) is resolved.
+RESOLVED_STATUSES = frozenset({ItemStatus.COMPLETED.value, ItemStatus.FILTERED.value})
 
 
 def iso(value: Any) -> str | None:
@@ -204,7 +207,10 @@ def item_data(event_log: CheckpointLog, version: int, item_id: str) -> dict[str,
             "violations": len(state.violations),
         },
         "fields": {name: field_value(value) for name, value in state.fields.items()},
-        "failures": [failure_dict(r, with_traceback=True) for r in failure_records(mine, state.violations)],
+        "failures": [
+            {**failure_dict(r, with_traceback=True), "resolved": state.status.value in RESOLVED_STATUSES}
+            for r in failure_records(mine, state.violations)
+        ],
         "children": children,
         "children_total": children_total,
         "input_versions": versions,

@@ -22,6 +22,7 @@ from markupsafe import Markup
 
 from airflow_provider_datagen.core.status import FAILED, display_status
 from airflow_provider_datagen.core.store.paths import CHECKPOINTS_DIR
+from airflow_provider_datagen.plugins.data import running_not_failed
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -139,12 +140,11 @@ def bar_parts(summary: dict[str, Any]) -> Bar:
     total = summary.get("total") or 0
     if not total:
         return Bar([], "no items")
-    failed = summary.get("failed_items", 0)
     counts = {
         "completed": summary.get("completed", 0),
         "filtered": summary.get("filtered", 0),
-        FAILED: failed,
-        "running": max(0, summary.get("running", 0) - failed),
+        FAILED: summary.get("failed_items", 0),
+        "running": running_not_failed(summary),
         "never_started": summary.get("never_started", 0),
     }
     parts = [BarPart(k, f"{100.0 * v / total:.3f}") for k, v in counts.items() if v]
@@ -202,8 +202,14 @@ class Pager(NamedTuple):
 def _pager(items: dict[str, Any], urls: Urls) -> Pager:
     p, e = items["pipeline"], items["experiment"]
     total, offset, limit = items["total"], items["offset"], items["limit"]
-    # The query's order is the links' order: status, q, scope, limit, then offset.
-    query = {"status": items["status"], "q": items["q"], "scope": items["scope"], "limit": limit}
+    # The query's order is the links' order: status, q, scope, version, limit, then offset.
+    query = {
+        "status": items["status"],
+        "q": items["q"],
+        "scope": items["scope"],
+        "version": items["version"],
+        "limit": limit,
+    }
     previous = urls.experiment(p, e, **query, offset=max(0, offset - limit)) if offset > 0 else None
     following = urls.experiment(p, e, **query, offset=offset + limit) if offset + limit < total else None
     shown = f"{offset + 1:,}–{min(total, offset + limit):,} of {total:,}" if total else "no matching items"

@@ -47,3 +47,10 @@ def counted_fake_model(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
 
 
 not_callable = 42
+
+
+def readme_answer(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """The README quick start's ``answer`` with a fake model: the same fields, no network."""
+    _record(ctx)
+    key = ctx.idempotency_key("model")
+    return {"answer": f"an answer to {item['prompt']}", "tokens": len(item["prompt"].split()) + len(key) // 32}

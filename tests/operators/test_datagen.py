@@ -263,6 +263,37 @@ def test_map_operator_with_concurrency_processes_every_item_once(
     assert clean.xcom("export")["fingerprint"] == run.xcom("export")["fingerprint"]
 
 
+@pytest.mark.parametrize(
+    ("map_extra", "expected"),
+    [
+        ("", lambda chunk: chunk["label"]),
+        # a user's own template wins over the chunk's label
+        (", map_index_template=\"part {{ task.chunk['index'] }}\"", lambda chunk: f"part {chunk['index']}"),
+    ],
+    ids=["default", "user_template"],
+)
+def test_mapped_task_instances_show_their_chunk_as_map_index(
+    run_dag_file: Callable[..., Any], tmp_path: Path, map_extra: str, expected: Callable[[dict[str, Any]], str]
+) -> None:
+    """The UI names each mapped instance by its chunk's key range (``partial`` used to drop the template)."""
+    dag_id = f"ops_label_{'user' if map_extra else 'default'}"
+    dag = _dag(
+        dag_id,
+        tmp_path,
+        source=_items(10),
+        experiment=dag_id,
+        process="tests._support.procs:always_ok",
+        chunk=4,
+        map_extra=map_extra,
+    )
+    run = run_dag_file(dag, dag_id)
+    assert run.state == "success"
+    chunks = [c["chunk"] for c in run.xcom("plan")]
+    assert [c["label"] for c in chunks] == ["0 … 3 (4 items)", "4 … 7 (4 items)", "8 … 9 (2 items)"]
+    rendered = {ti.map_index: ti.rendered_map_index for ti in run.task_instances() if ti.task_id == "generate"}
+    assert rendered == {c["index"]: expected(c) for c in chunks}
+
+
 def test_mismatching_experiment_between_plan_and_map_fails_before_writing(
     run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
 ) -> None:

@@ -9,7 +9,11 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.planner import ResumePlan
 
 
-@dataclass
+#: How many failed item ids the repr names; the lists themselves stay complete.
+REPR_FAILED_IDS = 3
+
+
+@dataclass(repr=False)
 class RunReport:
     """What one ``run_items`` call did. Lists hold item ids in processing order."""
 
@@ -31,3 +35,15 @@ class RunReport:
             "failed": len(self.failed),
             "invocations": self.invocations,
         }
+
+    def __repr__(self) -> str:
+        """Counts, and the first few failed ids: the dataclass default printed every id (and the plan)."""
+        failed = ", ".join(repr(i) for i in self.failed[:REPR_FAILED_IDS])
+        if len(self.failed) > REPR_FAILED_IDS:
+            failed += ", ..."
+        return (
+            f"RunReport(processed={len(self.processed)}, skipped={len(self.skipped)}, "
+            f"replayed={len(self.replayed)}, failed={len(self.failed)}"
+            + (f" [{failed}]" if failed else "")
+            + f", invocations={self.invocations}, commits={self.commits}, events={self.events})"
+        )

@@ -272,6 +272,33 @@ def create_dataset(
     )
 
 
+def _dataset_exists(uri: str, storage_options: dict[str, str] | None) -> bool:
+    if is_local(uri):
+        return os.path.isdir(os.path.join(local_path(uri), "_versions"))
+    try:
+        lance.dataset(uri, storage_options=storage_options)
+    except LANCE_ERRORS:
+        return False
+    return True
+
+
+def overwrite_dataset(table: pa.Table, uri: str, storage_options: dict[str, str] | None) -> lance.LanceDataset:
+    """``write_dataset(mode="overwrite")``, but ``mode="create"`` where there is no dataset yet.
+
+    Lance's Rust logger prints ``WARN ... No existing dataset at <uri>, it will be created`` to stderr
+    for an overwrite (or append) that creates, straight into the user's terminal or task log. A
+    create that loses a race to another writer overwrites what that writer made, as asked.
+    """
+    if _dataset_exists(uri, storage_options):
+        return lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
+    try:
+        return lance.write_dataset(table, uri, mode="create", storage_options=storage_options)
+    except LANCE_ERRORS:
+        if not _dataset_exists(uri, storage_options):
+            raise
+        return lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
+
+
 def append_table(
     table: pa.Table, ds: lance.LanceDataset, schema: pa.Schema, storage_options: dict[str, str] | None
 ) -> lance.LanceDataset:
@@ -309,7 +336,7 @@ def write_source_snapshot(
     except (ValueError, OSError):
         pass
     try:
-        lance.write_dataset(make_table(), uri, mode="overwrite", storage_options=storage_options)
+        overwrite_dataset(make_table(), uri, storage_options)
     except (OSError, ValueError) as exc:
         raise translate(exc, log_uri, "writing the source snapshot") from None
 
@@ -319,7 +346,7 @@ def write_results_dataset(table: pa.Table, uri: str, storage_options: dict[str, 
     if is_log_uri(uri):
         raise InvalidNameError(f"export destination {uri!r} is a checkpoint log; export to another path")
     try:
-        lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
+        overwrite_dataset(table, uri, storage_options)
     except (OSError, ValueError) as exc:
         raise LogWriteError(f"writing the export to {uri} failed: {str(exc)[:300]}") from None
 

@@ -13,7 +13,6 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +26,8 @@ from airflow_provider_datagen.exceptions import LogCorruptedError, MisalignedStr
 if TYPE_CHECKING:
     import datetime as dt
     from collections.abc import Sequence
+
+    import lance
 
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
@@ -181,7 +182,7 @@ def store_projection(log: CheckpointLog, table: pa.Table, version: int, cleanup_
         {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
     )
     try:
-        written = lance.write_dataset(table, log.projection_uri, mode="overwrite", storage_options=log.storage_options)
+        written = lance_io.overwrite_dataset(table, log.projection_uri, log.storage_options)
         written.cleanup_old_versions(older_than=cleanup_older_than)
     except lance_io.LANCE_ERRORS as exc:
         logger.warning("could not write the state projection of %s: %s", log.uri, str(exc)[:200])

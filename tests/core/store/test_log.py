@@ -802,3 +802,46 @@ def test_a_lance_dataset_that_is_not_ours_is_refused(tmp_path: Path) -> None:
     with pytest.raises(NotALogError, match="not a datagen checkpoint log"):
         CheckpointLog.open(tmp_path, pipeline="qa", experiment="e1")
     assert lance.dataset(str(path)).count_rows() == 3
+
+
+_FRESH_RUN = """
+import sys
+from airflow_provider_datagen.core import CheckpointLog, export_results, run_items, status_of
+from airflow_provider_datagen.core.chunks import plan_chunks
+
+root = sys.argv[1]
+items = [{"id": i, "prompt": f"question {i}"} for i in range(20)]
+log = CheckpointLog.open(root, pipeline="qa", experiment="e1")
+plan_chunks(log, items, chunk_size=10)  # an inline source: its snapshot and the first projection
+run_items(log, items, lambda item, ctx: {"answer": item["prompt"].upper()}, processor_version="v1",
+          writer_id="w1", epoch=log.next_epoch())
+log.refresh_projection(min_new_events=0)
+log.maintain()
+assert status_of(log)["completed"] == 20
+print(export_results(log, root + "/out.lance")["rows"])
+print(export_results(log, root + "/out.lance")["rows"])  # over the first export
+"""
+
+
+def test_a_fresh_run_prints_no_lance_warning(tmp_path: Path) -> None:
+    """Creating the log, snapshot, projection and export prints no ``WARN ... it will be created``.
+
+    Lance's Rust logger writes that line to the process's stderr (not Python's logging) for an
+    overwrite that creates a dataset, so the run happens in a child process whose stderr is read.
+    """
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LANCE_LOG"}  # Lance's default level: warnings shown
+    result = subprocess.run(
+        [sys.executable, "-c", _FRESH_RUN, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["20", "20"]
+    assert "it will be created" not in result.stderr, result.stderr
+    assert "WARN" not in result.stderr, result.stderr
