@@ -573,8 +573,10 @@ class DatagenExportOperator(_DatagenBase):
             )
         else:
             # The task runner builds the success message's asset events from this task's outlets as they
-            # are when execute returns (task_runner._handle_current_task_success); this run has none.
-            self.outlets = []
+            # are when execute returns (task_runner._handle_current_task_success): without the destination's
+            # asset this run announces nothing about it (the DAG still declares it; other outlets stay).
+            unchanged = Asset(asset_uri(self.destination)).uri
+            self.outlets = [o for o in self.outlets if not (isinstance(o, Asset) and o.uri == unchanged)]
             self.log.info(
                 "export unchanged: %s already holds these %d rows (fingerprint %s); no new version, no asset event",
                 self.destination,
