@@ -53,8 +53,8 @@ EXPORT_META_KEY: Final = "datagen_export"
 EXPORT_FORMAT: Final = 2
 _JSON_FIELD_META: Final = {"datagen_encoding": "json"}
 _MISSING_FIX: Final = (
-    "check the pipeline and experiment names (the plan's and the generate task's) and the connection's "
-    "root, or run the generation first"
+    "Nothing was exported. Check the pipeline and experiment names (the plan's and the generate task's) and "
+    "the connection's root, or run the generation first"
 )
 
 #: Results as data: item id -> canonical JSON of its folded fields.
@@ -116,7 +116,7 @@ def results_fingerprint(results: Results) -> str:
 
 
 def require_experiment(log: CheckpointLog, *, fix: str = _MISSING_FIX) -> None:
-    """Raise :class:`ExperimentNotFoundError` unless the experiment has a log; ``fix`` ends the message.
+    """Raise :class:`ExperimentNotFoundError` unless the experiment has a log; ``fix`` (a sentence) ends it.
 
     Opening a log never creates it, so a misspelt name would otherwise read as an empty experiment.
     """
@@ -128,14 +128,14 @@ def require_experiment(log: CheckpointLog, *, fix: str = _MISSING_FIX) -> None:
         known = None  # an unlistable root: the message still names where the log was looked for
     if known:
         shown = ", ".join(repr(e) for e in known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
-        seen = f"Experiments of pipeline {log.pipeline!r} under this root: {shown}."
+        seen = f" Experiments of pipeline {log.pipeline!r} under this root: {shown}."
     elif known is not None:
-        seen = f"No experiment of pipeline {log.pipeline!r} exists under this root."
+        seen = f" No experiment of pipeline {log.pipeline!r} exists under this root."
     else:
         seen = ""
     raise ExperimentNotFoundError(
         f"experiment {log.pipeline!r}/{log.experiment!r} does not exist: it has no log under root "
-        f"{log.root!r} (looked for {log.uri}). {seen} Nothing was exported or changed; {fix}."
+        f"{log.root!r} (looked for {log.uri}).{seen} {fix}."
     )
 
 

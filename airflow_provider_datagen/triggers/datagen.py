@@ -50,7 +50,7 @@ def check_condition(owner: object, condition: Any) -> Any:
 
 #: The end of the message when a sensor's experiment has no log.
 MISSING_FIX = (
-    "check the pipeline and experiment names and the connection's root, or pass allow_missing=True to wait "
+    "Check the pipeline and experiment names and the connection's root, or pass allow_missing=True to wait "
     "until a run creates the experiment"
 )
 

@@ -220,8 +220,8 @@ def test_the_export_of_a_missing_experiment_fails_and_writes_nothing(tmp_path: P
     assert message.startswith(f"experiment 'engine'/'reall' does not exist: it has no log under root {str(tmp_path)!r}")
     assert "Experiments of pipeline 'engine' under this root: 'real'." in message
     assert message.endswith(
-        "check the pipeline and experiment names (the plan's and the generate task's) and the "
-        "connection's root, or run the generation first."
+        ". Nothing was exported. Check the pipeline and experiment names (the plan's and the generate task's) and "
+        "the connection's root, or run the generation first."
     )
     assert not dest.exists() and not typo.exists()  # opening and exporting never create the log
     other = open_log(tmp_path, "x", pipeline="nowhere")

@@ -328,7 +328,7 @@ def test_export_of_a_missing_experiment_fails_naming_it(run_dag_file: Callable[.
         "export",
         ExperimentNotFoundError,
         r"^experiment 'ops'/'typo_rael' does not exist: it has no log under root '.+' \(looked for .+\)\. "
-        r"Experiments of pipeline 'ops' under this root: .*'typo_real'.*\. Nothing was exported or changed; check "
+        r"Experiments of pipeline 'ops' under this root: .*'typo_real'.*\. Nothing was exported\. Check "
         r"the pipeline and experiment names .* or run the generation first\.$",
     )
     assert not dest.exists() and not _log("typo_rael").exists()

@@ -120,9 +120,9 @@ def test_sensor_waits_until_items_complete(run_dag_file: Callable[..., Any], mod
 
 
 MISSING = (
-    r"^experiment 'sens'/'{exp}' does not exist: it has no log under root '.+' \(looked for .+\)\. .*Nothing was "
-    r"exported or changed; check the pipeline and experiment names and the connection's root, or pass "
-    r"allow_missing=True to wait until a run creates the experiment\.$"
+    r"^experiment 'sens'/'{exp}' does not exist: it has no log under root '.+' \(looked for .+\)\. .*Check the "
+    r"pipeline and experiment names and the connection's root, or pass allow_missing=True to wait until a run "
+    r"creates the experiment\.$"
 )
 
 
