@@ -73,6 +73,10 @@ class NotFoundError(DatagenError):
     """An experiment, item or blob the UI was asked for does not exist; the message says what."""
 
 
+class ExperimentNotFoundError(NotFoundError):
+    """An experiment has no log (a misspelt name, another root, or nothing generated yet)."""
+
+
 class ItemFailedError(DatagenError):
     """An item's processing raised and ``fail_fast`` was set."""
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_datagen._arguments import bad_argument, check_name_argument
-from airflow_provider_datagen.exceptions import DatagenError, TooManyFailedItemsError
+from airflow_provider_datagen.exceptions import DatagenError, ExperimentNotFoundError, TooManyFailedItemsError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 from airflow_provider_datagen.operators.datagen import STATUS_XCOM_KEY
@@ -38,6 +38,10 @@ class DatagenStatusSensor(BaseSensorOperator):
     :param source: optional source (list or path/URI); its never-started items count as pending.
     :param key_field: key field of ``source``.
     :param max_failed_items: fail as soon as more items than this are failed, naming some of them.
+    :param allow_missing: wait while the experiment has no log (it reads as an empty experiment and the
+        condition is not checked) instead of failing with
+        :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError`, e.g. to wait on an
+        experiment another DAG has not started yet.
     :param deferrable: wait in the triggerer instead of occupying a worker slot.
     :param datagen_conn_id: connection of type ``datagen``.
     """
@@ -54,6 +58,7 @@ class DatagenStatusSensor(BaseSensorOperator):
         source: Any = None,
         key_field: str = "id",
         max_failed_items: int | None = None,
+        allow_missing: bool = False,
         deferrable: bool = False,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
@@ -80,19 +85,32 @@ class DatagenStatusSensor(BaseSensorOperator):
                 "is not a non-negative int",
                 "give how many failed items to tolerate, or None to never fail on them",
             )
+        if not isinstance(allow_missing, bool):
+            raise bad_argument(
+                self,
+                "allow_missing",
+                allow_missing,
+                "is not a bool",
+                "pass True to wait for the experiment's creation, False to fail when it does not exist",
+            )
         self.source = source
         self.key_field = key_field
         self.max_failed_items = max_failed_items
+        self.allow_missing = allow_missing
         self.deferrable = bool(deferrable)
         self.datagen_conn_id = datagen_conn_id
 
     def _status(self) -> dict[str, Any]:
+        return self._observe()[0]
+
+    def _observe(self) -> tuple[dict[str, Any], bool]:
         return compute_status(
             pipeline=self.pipeline,
             experiment=self.experiment,
             source=self.source,
             key_field=self.key_field,
             datagen_conn_id=self.datagen_conn_id,
+            allow_missing=self.allow_missing,
         )
 
     def _holds(self, status: dict[str, Any]) -> bool:
@@ -110,7 +128,12 @@ class DatagenStatusSensor(BaseSensorOperator):
             )
 
     def poke(self, context: Context) -> PokeReturnValue:
-        status = self._status()
+        status, exists = self._observe()
+        if not exists:
+            self.log.info(
+                "datagen %s/%s has no log yet; waiting for a run to create it", self.pipeline, self.experiment
+            )
+            return PokeReturnValue(is_done=False, xcom_value=status)
         self._check_failures(status)
         done = self._holds(status)
         if done:
@@ -134,12 +157,15 @@ class DatagenStatusSensor(BaseSensorOperator):
                 max_failed_items=self.max_failed_items,
                 poke_interval=float(self.poke_interval),
                 datagen_conn_id=self.datagen_conn_id,
+                allow_missing=self.allow_missing,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=float(self.timeout)) if self.timeout is not None else None,
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("outcome") == "not_found":
+            raise ExperimentNotFoundError(event.get("message", f"{self.pipeline}/{self.experiment} has no log"))
         status = event["status"]
         self._check_failures(status)
         if event.get("outcome") != "done":

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_datagen._arguments import bad_argument
+from airflow_provider_datagen.exceptions import ExperimentNotFoundError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 
 if TYPE_CHECKING:
@@ -47,15 +48,31 @@ def check_condition(owner: object, condition: Any) -> Any:
     )
 
 
+#: The end of the message when a sensor's experiment has no log.
+MISSING_FIX = (
+    "Check the pipeline and experiment names and the connection's root, or pass allow_missing=True to wait "
+    "until a run creates the experiment"
+)
+
+
 def compute_status(
-    *, pipeline: str, experiment: str, source: Any, key_field: str, datagen_conn_id: str
-) -> dict[str, Any]:
-    """The folded ``datagen_status`` of an experiment; with a source, its unstarted items are pending."""
+    *, pipeline: str, experiment: str, source: Any, key_field: str, datagen_conn_id: str, allow_missing: bool = False
+) -> tuple[dict[str, Any], bool]:
+    """The folded ``datagen_status`` of an experiment and whether its log exists.
+
+    With a source, its unstarted items are pending. A missing log raises
+    :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError` unless ``allow_missing``,
+    when it reads as an empty experiment.
+    """
     # Deferred: core imports Lance, which DAG parsing must not pay for.
     from airflow_provider_datagen.core import status_of
+    from airflow_provider_datagen.core.export import require_experiment
 
     event_log = DatagenHook(datagen_conn_id=datagen_conn_id).get_log(pipeline, experiment)
-    return status_of(event_log, None if source is None else _source_items(source), key_field)
+    exists = event_log.exists()
+    if not exists and not allow_missing:
+        require_experiment(event_log, fix=MISSING_FIX)
+    return status_of(event_log, None if source is None else _source_items(source), key_field), exists
 
 
 def _source_items(source: Any) -> Any:
@@ -74,7 +91,9 @@ class DatagenStatusTrigger(BaseTrigger):
     Poll an experiment's folded status until a named condition holds or failures exceed a bound.
 
     Lance reads run in ``asyncio.to_thread`` so the triggerer's event loop never blocks. Yields one
-    ``TriggerEvent`` ``{"status": ..., "outcome": "done" | "too_many_failures"}``.
+    ``TriggerEvent`` ``{"status": ..., "outcome": "done" | "too_many_failures"}``, or
+    ``{"status": None, "outcome": "not_found", "message": ...}`` when the experiment has no log and
+    ``allow_missing`` is False.
 
     :param pipeline: pipeline name.
     :param experiment: experiment name.
@@ -85,6 +104,7 @@ class DatagenStatusTrigger(BaseTrigger):
     :param max_failed_items: fire early with ``too_many_failures`` when more items are failed.
     :param poke_interval: seconds between two status reads.
     :param datagen_conn_id: connection of type ``datagen``.
+    :param allow_missing: wait while the experiment has no log instead of failing.
     """
 
     def __init__(
@@ -98,6 +118,7 @@ class DatagenStatusTrigger(BaseTrigger):
         max_failed_items: int | None = None,
         poke_interval: float = 30.0,
         datagen_conn_id: str = "datagen_default",
+        allow_missing: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(condition, str):
@@ -117,6 +138,7 @@ class DatagenStatusTrigger(BaseTrigger):
         self.max_failed_items = max_failed_items
         self.poke_interval = float(poke_interval)
         self.datagen_conn_id = datagen_conn_id
+        self.allow_missing = bool(allow_missing)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -130,21 +152,34 @@ class DatagenStatusTrigger(BaseTrigger):
                 "max_failed_items": self.max_failed_items,
                 "poke_interval": self.poke_interval,
                 "datagen_conn_id": self.datagen_conn_id,
+                "allow_missing": self.allow_missing,
             },
         )
 
-    def _status(self) -> dict[str, Any]:
+    def _status(self) -> tuple[dict[str, Any], bool]:
         return compute_status(
             pipeline=self.pipeline,
             experiment=self.experiment,
             source=self.source,
             key_field=self.key_field,
             datagen_conn_id=self.datagen_conn_id,
+            allow_missing=self.allow_missing,
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
-            status = await asyncio.to_thread(self._status)
+            try:
+                status, exists = await asyncio.to_thread(self._status)
+            except ExperimentNotFoundError as exc:
+                # The sensor raises it again on the worker, where the task's failure shows it.
+                yield TriggerEvent({"status": None, "outcome": "not_found", "message": str(exc)})
+                return
+            if not exists:
+                self.log.info(
+                    "datagen %s/%s has no log yet; waiting for a run to create it", self.pipeline, self.experiment
+                )
+                await asyncio.sleep(self.poke_interval)
+                continue
             if failed_items_exceeded(status, self.max_failed_items):
                 yield TriggerEvent({"status": status, "outcome": "too_many_failures"})
                 return

@@ -317,4 +317,21 @@ def export_rows(dest: str | Path) -> list[dict[str, Any]]:
 
 
 def fields_of_export(dest: str | Path) -> dict[str, dict[str, Any]]:
-    return {r["item_id"]: json.loads(r["fields"]) for r in export_rows(dest)}
+    """Item id -> its fields, read back from the export's typed columns (JSON columns decoded, renamed
+    columns under their field's name); a null reads as an absent field."""
+    ds = lance.dataset(str(dest))
+    decode = {}
+    for f in ds.schema:
+        if f.name in ("item_id", "key", "input"):
+            continue
+        meta = f.metadata or {}
+        name = meta.get(b"datagen_field", f.name.encode()).decode()
+        decode[f.name] = (name, meta.get(b"datagen_encoding") == b"json")
+    out = {}
+    for r in ds.to_table().to_pylist():
+        out[r["item_id"]] = {
+            name: json.loads(r[col]) if is_json else r[col]
+            for col, (name, is_json) in decode.items()
+            if r[col] is not None
+        }
+    return out

@@ -10,6 +10,7 @@ merge orders must all end in the same export fingerprint. The SIGKILL version of
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections import Counter
@@ -33,7 +34,7 @@ from airflow_provider_datagen.core import (
     run_items,
 )
 from airflow_provider_datagen.core.export import collect_results
-from airflow_provider_datagen.exceptions import InvalidValueError
+from airflow_provider_datagen.exceptions import ExperimentNotFoundError, InvalidValueError
 from tests._support.engine import (
     Crash,
     Recorder,
@@ -233,6 +234,11 @@ def test_outputs_contain_no_manifest_rows(tmp_path: Any, data: Any, n: int, kind
     run_items(log, make_items(n), pipe)
     version = log.version
     dest = os.path.join(root, "exports", "out.lance")
+    if n == 0:  # nothing ran, so there is no log: no export of an experiment that does not exist
+        with pytest.raises(ExperimentNotFoundError, match=r"'engine'/'sidecar' does not exist"):
+            export_results(log, dest)
+        assert not os.path.exists(dest)
+        return
     result = export_results(log, dest)
     assert log.version == version  # exporting never writes the log
     assert not os.path.abspath(dest).startswith(os.path.abspath(log.uri))
@@ -240,7 +246,8 @@ def test_outputs_contain_no_manifest_rows(tmp_path: Any, data: Any, n: int, kind
     done = sorted(str(i) for i in range(n) if i not in filtered and i not in failing)
     assert result["rows"] == len(rows) == len(done)
     assert [r["item_id"] for r in rows] == done  # no filtered, failed or child item, no log row
-    assert all(set(r) == {"item_id", "key", "fields"} for r in rows)
+    field_names = {name for text in collect_results(log).values() for name in json.loads(text)}
+    assert all(set(r) == {"item_id", "key"} | field_names for r in rows)  # one column per field, nothing else
     log_ids = set(raw_events(log, ["event_id"])["event_id"].to_pylist())
     blob = "\n".join(canonical_json(r) for r in rows)
     assert not any(eid in blob for eid in log_ids)

@@ -13,7 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_datagen.core.status import STATUS_KEYS
-from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, InvalidItemError
+from airflow_provider_datagen.exceptions import (
+    ConfigurationError,
+    DatagenError,
+    ExperimentNotFoundError,
+    InvalidItemError,
+)
 from airflow_provider_datagen.operators.datagen import (
     DatagenExportOperator,
     DatagenMapOperator,
@@ -44,7 +49,7 @@ with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), ca
                                      process={process!r}, processor_version="v1",
                                      checkpoint_every=2{map_extra}).expand_kwargs(plan.output)
     export = DatagenExportOperator(task_id="export", pipeline="ops", experiment={experiment!r},
-                                   destination={destination!r}, trigger_rule="none_failed")
+                                   destination={destination!r}, trigger_rule="none_failed"{export_extra})
     maintain = DatagenMaintenanceOperator(task_id="maintain", pipeline="ops", experiment={experiment!r})
     plan >> gen >> export >> maintain
 """
@@ -64,10 +69,12 @@ def _dag(
     process: str = "tests._support.procs:fail_3_and_7_once",
     chunk: int = 5,
     map_extra: str = "",
+    export_extra: str = "",
 ) -> str:
     return textwrap.dedent(
         DAG_TEMPLATE.format(
             map_extra=map_extra,
+            export_extra=export_extra,
             dag_id=dag_id,
             experiment=experiment,
             map_experiment=map_experiment or experiment,
@@ -308,6 +315,96 @@ def test_mismatching_experiment_between_plan_and_map_fails_before_writing(
     assert not _log("other").exists()
 
 
+EXPORT_ONLY_DAG = """
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_datagen.operators.datagen import DatagenExportOperator
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
+    DatagenExportOperator(task_id="export", pipeline="ops", experiment={experiment!r}, destination={destination!r})
+"""
+
+
+def _asset_events(run: Any, task_id: str = "export") -> int:
+    """How many asset events the run's task emitted (rows of the metadata DB's asset_event table)."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+    from sqlalchemy import func, select
+
+    with create_session() as session:
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(AssetEvent)
+                .where(
+                    AssetEvent.source_dag_id == run.dag_id,
+                    AssetEvent.source_run_id == run.run_id,
+                    AssetEvent.source_task_id == task_id,
+                )
+            )
+        )
+
+
+def test_export_of_a_missing_experiment_fails_naming_it(run_dag_file: Callable[..., Any], tmp_path: Path) -> None:
+    from airflow_provider_datagen.core import run_items
+
+    run_items(_log("typo_real"), _items(2), lambda item, ctx: {"y": 1})
+    dest = tmp_path / "typo_export.lance"
+    dag = textwrap.dedent(EXPORT_ONLY_DAG.format(dag_id="ops_typo", experiment="typo_rael", destination=str(dest)))
+    run = run_dag_file(dag, "ops_typo")
+    assert run.state == "failed"
+    run.assert_failed(
+        "export",
+        ExperimentNotFoundError,
+        r"^experiment 'ops'/'typo_rael' does not exist: it has no log under root '.+' \(looked for .+\)\. "
+        r"Experiments of pipeline 'ops' under this root: .*'typo_real'.*\. Nothing was exported\. Check "
+        r"the pipeline and experiment names .* or run the generation first\.$",
+    )
+    assert not dest.exists() and not _log("typo_rael").exists()
+    assert _asset_events(run) == 0
+
+
+def test_an_unchanged_export_writes_no_version_and_emits_no_asset_event(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    import lance
+
+    items = _items(4)
+    dag = _dag("ops_same", tmp_path, source=items, experiment="same", process="tests._support.procs:always_ok")
+    dest = str(tmp_path / "ops_same_export.lance")
+    first = run_dag_file(dag, "ops_same")
+    assert first.state == "success"
+    exported = first.xcom("export")
+    assert exported["changed"] is True and exported["rows"] == 4
+    assert lance.dataset(dest).version == 1 and _asset_events(first) == 1
+
+    second = run_dag_file(dag, "ops_same")  # nothing pending: the same content again
+    assert second.state == "success"
+    assert second.states()[("generate", -1)] == "skipped"
+    assert second.xcom("export") == {**exported, "changed": False}
+    assert lance.dataset(dest).version == 1
+    assert _asset_events(second) == 0
+
+    # the same content in another layout is a new version, announced
+    with_input = _dag(
+        "ops_same",
+        tmp_path,
+        source=items,
+        experiment="same",
+        process="tests._support.procs:always_ok",
+        export_extra=f", include_input=True, source={items!r}",
+    )
+    third = run_dag_file(with_input, "ops_same")
+    assert third.state == "success"
+    assert third.xcom("export")["changed"] is True
+    assert third.xcom("export")["fingerprint"] == exported["fingerprint"]
+    assert lance.dataset(dest).version == 2 and _asset_events(third) == 1
+    assert lance.dataset(dest).to_table()["input"].to_pylist() == items
+
+
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
@@ -349,6 +446,12 @@ def test_map_and_export_operators_reject_bad_arguments() -> None:
         ConfigurationError, match=r"^DatagenExportOperator: destination='out.lance' is a relative path; "
     ):
         DatagenExportOperator(task_id="x", pipeline="ops", experiment="e", destination="out.lance")
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^DatagenExportOperator: include_input=True needs the items' inputs, and the log keeps only their "
+        r"fingerprints; pass source= and key_field= as given to DatagenPlanOperator",
+    ):
+        DatagenExportOperator(task_id="x", pipeline="ops", experiment="e", destination="/o.lance", include_input=True)
 
 
 @pytest.mark.parametrize(

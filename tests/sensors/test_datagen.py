@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from airflow_provider_datagen.core import run_items
 from airflow_provider_datagen.core.status import STATUS_KEYS
-from airflow_provider_datagen.exceptions import ConfigurationError
+from airflow_provider_datagen.exceptions import ConfigurationError, ExperimentNotFoundError
 from airflow_provider_datagen.sensors.datagen import DatagenStatusSensor, TooManyFailedItemsError
 from airflow_provider_datagen.triggers.datagen import DatagenStatusTrigger
 
@@ -31,7 +31,7 @@ from airflow_provider_datagen.sensors.datagen import DatagenStatusSensor
 with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
     DatagenStatusSensor(task_id="wait", pipeline="sens", experiment={experiment!r}, condition={condition!r},
                         source={source!r}, max_failed_items={max_failed!r}, mode={mode!r},
-                        deferrable={deferrable!r}, poke_interval=0.5, timeout={timeout!r})
+                        deferrable={deferrable!r}, poke_interval=0.5, timeout={timeout!r}{extra})
 """
 
 
@@ -65,9 +65,11 @@ def _dag(
     source: Any = None,
     max_failed: int | None = None,
     timeout: float = 60,
+    extra: str = "",
 ) -> str:
     return textwrap.dedent(
         SENSOR_DAG.format(
+            extra=extra,
             dag_id=dag_id,
             experiment=experiment,
             condition=condition,
@@ -115,6 +117,79 @@ def test_sensor_waits_until_items_complete(run_dag_file: Callable[..., Any], mod
     assert run.state == "success"
     assert time.monotonic() - started >= 2.5
     assert run.xcom("wait")["completed"] == 4
+
+
+MISSING = (
+    r"^experiment 'sens'/'{exp}' does not exist: it has no log under root '.+' \(looked for .+\)\. .*Check the "
+    r"pipeline and experiment names and the connection's root, or pass allow_missing=True to wait until a run "
+    r"creates the experiment\.$"
+)
+
+
+@pytest.mark.parametrize(("mode", "deferrable"), [("poke", False), ("reschedule", False), ("poke", True)])
+def test_sensor_on_a_missing_experiment_fails_naming_it(
+    run_dag_file: Callable[..., Any], mode: str, deferrable: bool
+) -> None:
+    exp = f"nosuch{mode}{int(deferrable)}"
+    dag_id = f"sens_missing_{mode}_{int(deferrable)}"
+    run = run_dag_file(_dag(dag_id, exp, mode=mode, deferrable=deferrable), dag_id)
+    assert run.state == "failed"
+    run.assert_failed("wait", ExperimentNotFoundError, MISSING.format(exp=exp))
+    assert not _log(exp).exists()  # looking never creates the log
+
+
+@pytest.mark.parametrize(("mode", "deferrable"), [("poke", False), ("reschedule", False), ("poke", True)])
+def test_sensor_with_allow_missing_waits_for_the_experiment_to_be_created(
+    run_dag_file: Callable[..., Any], mode: str, deferrable: bool
+) -> None:
+    exp = f"created{mode}{int(deferrable)}"
+
+    def create() -> None:
+        time.sleep(3)
+        run_items(_log(exp), _items(3), _ok)
+
+    t = threading.Thread(target=create)
+    t.start()
+    dag_id = f"sens_created_{mode}_{int(deferrable)}"
+    # "no_pending" holds on an empty experiment: the sensor must still wait for the log to exist
+    run = run_dag_file(
+        _dag(dag_id, exp, mode=mode, deferrable=deferrable, condition="no_pending", extra=", allow_missing=True"),
+        dag_id,
+    )
+    t.join()
+    assert run.state == "success"
+    assert run.xcom("wait")["completed"] == 3
+
+
+def test_trigger_carries_allow_missing_and_reports_a_missing_experiment() -> None:
+    trig = DatagenStatusTrigger(pipeline="sens", experiment="nosuchtrig", poke_interval=0.1, allow_missing=True)
+    path, kwargs = trig.serialize()
+    assert kwargs["allow_missing"] is True
+    assert DatagenStatusTrigger(**kwargs).serialize() == (path, kwargs)
+
+    async def first_event(t: DatagenStatusTrigger) -> Any:
+        async for ev in t.run():
+            return ev
+        return None
+
+    strict = DatagenStatusTrigger(pipeline="sens", experiment="nosuchtrig", poke_interval=0.1)
+    assert strict.serialize()[1]["allow_missing"] is False
+    event = asyncio.run(first_event(strict))
+    assert event.payload["outcome"] == "not_found"
+    sensor = DatagenStatusSensor(task_id="w", pipeline="sens", experiment="nosuchtrig", deferrable=True)
+    with pytest.raises(ExperimentNotFoundError, match=MISSING.format(exp="nosuchtrig")):
+        sensor.execute_complete({}, event.payload)  # type: ignore[arg-type]
+
+    async def waits(t: DatagenStatusTrigger) -> bool:
+        try:
+            await asyncio.wait_for(first_event(t), timeout=1.0)
+        except TimeoutError:
+            return True
+        return False
+
+    assert asyncio.run(waits(trig))  # with allow_missing it keeps polling, firing nothing
+    with pytest.raises(ConfigurationError, match=r"^DatagenStatusSensor: allow_missing='yes' is not a bool; "):
+        DatagenStatusSensor(task_id="w", pipeline="sens", experiment="e", allow_missing="yes")
 
 
 def test_sensor_fails_when_failed_items_exceed_the_bound(run_dag_file: Callable[..., Any]) -> None:

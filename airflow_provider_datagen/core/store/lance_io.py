@@ -341,14 +341,36 @@ def write_source_snapshot(
         raise translate(exc, log_uri, "writing the source snapshot") from None
 
 
-def write_results_dataset(table: pa.Table, uri: str, storage_options: dict[str, str] | None = None) -> None:
-    """Overwrite the export dataset at ``uri`` (the log is never touched)."""
+def _refuse_log(uri: str) -> None:
     if is_log_uri(uri):
         raise InvalidNameError(f"export destination {uri!r} is a checkpoint log; export to another path")
+
+
+def write_results_dataset(table: pa.Table, uri: str, storage_options: dict[str, str] | None = None) -> None:
+    """Overwrite the export dataset at ``uri`` (the log is never touched); the table's schema metadata
+    is stored with it (see :func:`export_metadata`)."""
+    _refuse_log(uri)
     try:
         overwrite_dataset(table, uri, storage_options)
     except (OSError, ValueError) as exc:
         raise LogWriteError(f"writing the export to {uri} failed: {str(exc)[:300]}") from None
+
+
+def export_metadata(uri: str, storage_options: dict[str, str] | None = None) -> tuple[dict[str, str], int] | None:
+    """The schema metadata and row count of the export dataset at ``uri``; None when there is none.
+
+    What an earlier export stored about its content (``export.py`` compares it before writing). A
+    destination that cannot be read counts as none: the export then writes, and reports what fails.
+    """
+    _refuse_log(uri)
+    if is_local(uri) and not os.path.exists(local_path(uri)):
+        return None  # nothing to open (and no "dataset not found" to provoke)
+    try:
+        ds = lance.dataset(uri, storage_options=storage_options)
+        meta = ds.schema.metadata or {}
+        return {k.decode(): v.decode() for k, v in meta.items()}, int(ds.count_rows())
+    except LANCE_ERRORS:
+        return None
 
 
 def local_size_bytes(uri: str) -> int:
