@@ -228,3 +228,21 @@ def test_the_export_of_a_missing_experiment_fails_and_writes_nothing(tmp_path: P
     with pytest.raises(ExperimentNotFoundError, match=r"No experiment of pipeline 'nowhere' exists under this root"):
         export_results(other, str(dest))
     assert not os.path.exists(other.uri)
+
+
+def test_an_input_key_mixing_a_datetime_with_text_is_exported_as_tagged_json(tmp_path: Path) -> None:
+    import datetime as dt
+
+    from airflow_provider_datagen.core.events import decode_source_json
+
+    when = dt.datetime(2024, 5, 1, 12, 30, tzinfo=dt.UTC)
+    items = [{"id": "a", "at": when}, {"id": "b", "at": "soon"}]
+    log = open_log(tmp_path, "mixed")
+    run_items(log, items, lambda item, ctx: {"ok": True})
+    dest = tmp_path / "out.lance"
+    result = export_results(log, str(dest), include_input=True, source=items)
+    table = lance.dataset(str(dest)).to_table()
+    inputs = {row["item_id"]: row["input"] for row in table.to_pylist()}
+    assert decode_source_json(inputs["a"]["at"]) == when
+    assert inputs["b"]["at"] == '"soon"'
+    assert result["rows"] == 2
