@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from airflow_provider_datagen.exceptions import DatagenError, bad_argument
@@ -15,6 +16,22 @@ from airflow_provider_datagen.exceptions import DatagenError, bad_argument
 def is_template(value: Any) -> bool:
     """Whether ``value`` is a Jinja template string, checked only once rendered (in ``execute``)."""
     return isinstance(value, str) and "{{" in value
+
+
+def check_absolute_path(owner: object, param: str, value: Any) -> Any:
+    """A local path must be absolute (each Airflow component runs in its own working directory); URIs,
+    templates and non-path values pass unchanged (other checks own those)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str) and not is_template(value) and "://" not in value and not os.path.isabs(value):
+        raise bad_argument(
+            owner,
+            param,
+            value,
+            "is a relative path",
+            "give an absolute path or a URI (each Airflow component has its own working directory)",
+        )
+    return value
 
 
 def check_name_argument(owner: object, param: str, value: Any) -> Any:

@@ -21,6 +21,7 @@ from airflow.sdk.exceptions import AirflowTaskTimeout
 
 from airflow_provider_datagen._arguments import (
     bad_argument,
+    check_absolute_path,
     check_name_argument,
     check_non_empty_str,
     check_positive_int,
@@ -231,7 +232,7 @@ class DatagenPlanOperator(_DatagenBase):
                 f"is a {type(source).__name__}, not a list of dicts or a path/URI string",
                 "give the items inline or a .jsonl, .parquet or .lance path or URI",
             )
-        self.source = list(source) if isinstance(source, tuple) else source
+        self.source = list(source) if isinstance(source, tuple) else check_absolute_path(self, "source", source)
         self.key_field = check_non_empty_str(self, "key_field", key_field, "name the field holding each item's key")
         self.chunk_size = check_positive_int(self, "chunk_size", chunk_size)
         self.processor_version = check_non_empty_str(
@@ -556,15 +557,8 @@ class DatagenExportOperator(_DatagenBase):
                 self, "destination", destination, "is not a path or URI string", "give an absolute path or a URI"
             )
         destination = os.fspath(destination)
+        check_absolute_path(self, "destination", destination)
         if not is_template(destination):
-            if "://" not in destination and not os.path.isabs(destination):
-                raise bad_argument(
-                    self,
-                    "destination",
-                    destination,
-                    "is a relative path",
-                    "give an absolute path or a URI (each Airflow component has its own working directory)",
-                )
             kwargs.setdefault("outlets", [Asset(asset_uri(destination))])
         if not isinstance(include_input, bool):
             raise bad_argument(self, "include_input", include_input, "is not a bool", "pass True or False")

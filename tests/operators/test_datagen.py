@@ -446,6 +446,10 @@ def test_map_and_export_operators_reject_bad_arguments() -> None:
         ConfigurationError, match=r"^DatagenExportOperator: destination='out.lance' is a relative path; "
     ):
         DatagenExportOperator(task_id="x", pipeline="ops", experiment="e", destination="out.lance")
+    # a relative source is refused when the DAG is parsed, with the same message; templates wait for rendering
+    with pytest.raises(ConfigurationError, match=r"^DatagenPlanOperator: source='items.jsonl' is a relative path; "):
+        DatagenPlanOperator(task_id="p", pipeline="ops", experiment="e", source="items.jsonl")
+    assert DatagenPlanOperator(task_id="p", pipeline="ops", experiment="e", source="{{ var.value.src }}").source
     with pytest.raises(
         ConfigurationError,
         match=r"^DatagenExportOperator: include_input=True needs the items' inputs, and the log keeps only their "
