@@ -27,6 +27,7 @@ DESCRIPTOR_KEYS = {
     "pipeline",
     "experiment",
     "processor_version",
+    "redo_completed",
     "source",
     "snapshot",
     "key_field",
