@@ -12,9 +12,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis
 
 from airflow_provider_datagen.core import RateLimit
-from airflow_provider_datagen.core.ratelimit import SQLiteStorage, default_storage_path, open_limiter
+from airflow_provider_datagen.core.ratelimit import SharedLimiter, SQLiteStorage, default_storage_path, open_limiter
 from airflow_provider_datagen.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -38,10 +39,8 @@ class FakeTime:
         self.now += seconds
 
 
-def fake_limiter(path: str, rate_limit: RateLimit, clock: FakeTime) -> Any:
+def fake_limiter(path: str, rate_limit: RateLimit, clock: FakeTime) -> SharedLimiter:
     storage = SQLiteStorage(path, clock=clock)
-    from airflow_provider_datagen.core.ratelimit import SharedLimiter
-
     return SharedLimiter(rate_limit, storage, storage, clock=clock, sleep=clock.sleep)
 
 
@@ -298,8 +297,6 @@ def redis_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        import redis
-
         client = redis.Redis(host="127.0.0.1", port=port)
         deadline = time.monotonic() + 20
         while True:

@@ -7,6 +7,7 @@ the limiter built on ``limits``' moving window. See docs/adr/0009-shared-rate-li
 from __future__ import annotations
 
 from airflow_provider_datagen.core.ratelimit.limiter import (
+    REDIS_SCHEMES,
     STORAGE_SCHEMES,
     SharedLimiter,
     check_storage_uri,
@@ -18,6 +19,7 @@ from airflow_provider_datagen.core.ratelimit.spec import RateLimit
 from airflow_provider_datagen.core.ratelimit.sqlite import SQLiteStorage
 
 __all__ = [
+    "REDIS_SCHEMES",
     "STORAGE_SCHEMES",
     "RateLimit",
     "SQLiteStorage",

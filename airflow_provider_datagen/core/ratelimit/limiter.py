@@ -253,7 +253,7 @@ class SharedLimiter:
 
     def _pay_tokens(self) -> float:
         """Write owed tokens to the token window, in pieces that fit; 0.0 when nothing is left owed."""
-        item = cast(RateLimitItemPerMinute, self._tokens)
+        item = cast("RateLimitItemPerMinute", self._tokens)
         with self._lock:
             # Rounded up to whole units; the excess is kept as a credit for the next charges.
             units = math.ceil(self._owed / self.token_unit) if self._owed > 0 else 0
@@ -324,7 +324,8 @@ def open_limiter(
                 _MEMORY = (MemoryStorage(), _MemoryCooldowns())
             memory, cooldowns = _MEMORY
         return SharedLimiter(rate_limit, memory, cooldowns, clock=clock, sleep=sleep)
-    redis_storage = storage_from_string(storage_uri)
+    # A sync scheme (checked above) always gives a sync storage.
+    redis_storage = cast("Storage", storage_from_string(storage_uri))
     return SharedLimiter(rate_limit, redis_storage, _RedisCooldowns(redis_storage), clock=clock, sleep=sleep)
 
 
@@ -337,10 +338,9 @@ def check_storage_uri(owner: object, param: str, uri: Any) -> str:
             param,
             redact_storage_uri(uri) if isinstance(uri, str) else uri,
             "is not a rate limit storage URI",
-            f"give one of the schemes {', '.join(s + '://' for s in STORAGE_SCHEMES)}, "
-            "e.g. redis://127.0.0.1:6379/0",
+            f"give one of the schemes {', '.join(s + '://' for s in STORAGE_SCHEMES)}, e.g. redis://127.0.0.1:6379/0",
         )
-    return cast(str, scheme)
+    return cast("str", scheme)
 
 
 def redact_storage_uri(uri: str) -> str:

@@ -90,9 +90,7 @@ def _fields_fix() -> str:
 
 def _check_fields(owner: object, prefix: str, rpm: Any, tpm: Any, key: Any) -> None:
     if not _is_count(rpm):
-        raise bad_argument(
-            owner, f"{prefix}requests_per_minute", rpm, "is not an int of 1 or more", "give e.g. 600"
-        )
+        raise bad_argument(owner, f"{prefix}requests_per_minute", rpm, "is not an int of 1 or more", "give e.g. 600")
     if tpm is not None and not _is_count(tpm):
         raise bad_argument(
             owner,

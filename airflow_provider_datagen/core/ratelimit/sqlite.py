@@ -164,7 +164,7 @@ class SQLiteStorage(Storage, MovingWindowSupport):
                 keys = {row[0] for row in conn.execute("SELECT key FROM window_entries")}
                 keys |= {row[0] for row in conn.execute("SELECT key FROM counters")}
                 for table in ("window_entries", "counters", "cooldowns"):
-                    conn.execute(f"DELETE FROM {table}")  # noqa: S608 - table names are constants
+                    conn.execute(f"DELETE FROM {table}")
         return len(keys)
 
     def clear(self, key: str) -> None:
