@@ -3,12 +3,15 @@ shared across processes through the embedded SQLite storage and a real redis-ser
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -125,6 +128,42 @@ def test_a_call_costing_more_than_the_budget_is_refused(tmp_path):
         limiter.acquire(cost_requests=4)
     with pytest.raises(ConfigurationError, match=r"est_tokens=-1 is not an int >= 0"):
         limiter.try_acquire(est_tokens=-1)
+
+
+def test_threads_sharing_one_limiter_start_at_most_n(tmp_path):
+    limiter = open_limiter(RateLimit(20, key="k"), root=str(tmp_path))
+    barrier = threading.Barrier(8)
+
+    def tries() -> int:
+        barrier.wait(timeout=30)
+        return sum(limiter.try_acquire() for _ in range(10))
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(lambda _: tries(), range(8))) == 20
+
+
+def test_acquire_async_waits_on_the_event_loop(tmp_path):
+    limiter = open_limiter(RateLimit(20, key="k"), root=str(tmp_path))
+
+    async def main() -> tuple[float, float, bool]:
+        deadline = limiter.cooldown(0.3)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        await limiter.acquire_async()
+        returned = time.time()
+        task.cancel()
+        return deadline, returned, ticks > 5
+
+    deadline, returned, loop_ran = asyncio.run(main())
+    assert returned >= deadline
+    assert loop_ran  # the wait let other tasks run
 
 
 # -- tokens ----------------------------------------------------------------------------------------
