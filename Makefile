@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 SOURCES := airflow_provider_datagen dev tests benchmarks
 WHEEL_CHECK := .wheel-check
 
-.PHONY: demo test lint bench airflow chromium postgres clean format unit wheel-check
+.PHONY: demo test lint bench airflow chromium redis postgres clean format unit wheel-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || echo "warning: could not install Debian's chromium"; }
+
+# redis-server for the shared rate limit tests (Debian's package; the tests start and stop their own).
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 # PostgreSQL for DATAGEN_E2E_POSTGRES=1 runs of the end-to-end suite (Debian's packages).
 postgres:
@@ -39,11 +44,11 @@ format: $(STAMP)
 	$(BIN)/ruff format $(SOURCES)
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, so "no tests" never passes.
-test: $(STAMP) chromium $(if $(filter 1,$(DATAGEN_E2E_POSTGRES)),postgres) lint
+test: $(STAMP) chromium redis $(if $(filter 1,$(DATAGEN_E2E_POSTGRES)),postgres) lint
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
 # Everything but the end-to-end and slow tests (no Airflow components, no long crash schedules).
-unit: $(STAMP)
+unit: $(STAMP) redis
 	$(BIN)/python -m pytest -ra -m "not e2e and not slow" $(PYTEST_ARGS)
 
 demo: $(STAMP)

@@ -79,13 +79,24 @@ def get_provider_info() -> dict:
                         ),
                         "schema": {"type": ["object", "null"]},
                     },
+                    "rate_limit_storage": {
+                        "label": "Rate limit storage",
+                        "description": (
+                            "Where shared rate limits are kept when workers run on many hosts, e.g. "
+                            "redis://redis-host:6379/0. Leave empty to keep them on each host (beside a local root)."
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
                 },
                 "ui-field-behaviour": {
                     "hidden-fields": ["schema", "port", "login", "password"],
                     "relabeling": {"host": "Root URI"},
                     "placeholders": {
                         "host": "/data/datagen or s3://bucket/prefix (empty: $AIRFLOW_HOME/datagen)",
-                        "extra": '{"root": "s3://bucket/prefix", "storage_options": {...}}',
+                        "extra": (
+                            '{"root": "s3://bucket/prefix", "storage_options": {...}, '
+                            '"rate_limit_storage": "redis://redis-host:6379/0"}'
+                        ),
                     },
                 },
             }

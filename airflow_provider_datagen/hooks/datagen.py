@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # Keys DatagenHook understands in Connection.extra. Older forms prefix custom fields with
 # ``extra__<conn_type>__``; both spellings are accepted so a connection made by any UI version works.
-_EXTRA_KEYS = ("root", "storage_options")
+_EXTRA_KEYS = ("root", "storage_options", "rate_limit_storage")
 _EXTRA_PREFIX = "extra__datagen__"
 
 # Airflow's masker hides values only under names it deems sensitive ("secret", "token", ...). Object
@@ -69,7 +69,9 @@ class DatagenHook(BaseHook):
     path or an object-store URI (``s3://bucket/prefix``); the extra ``storage_options`` is a JSON object
     handed to Lance (credentials, endpoint, region). When the connection does not exist, the root is
     ``$AIRFLOW_HOME/datagen`` so the example DAGs run with no set-up. Storage options are registered
-    with Airflow's secret masker and never appear in logs or in ``repr()``.
+    with Airflow's secret masker and never appear in logs or in ``repr()``. The extra
+    ``rate_limit_storage`` (e.g. ``redis://redis-host:6379/0``) is where shared rate limits are kept
+    when workers run on many hosts; without it they are kept on each host, beside a local root.
 
     Example connection as an environment variable::
 
@@ -212,6 +214,33 @@ class DatagenHook(BaseHook):
         self._mask(options)
         return options
 
+    @cached_property
+    def rate_limit_storage(self) -> str | None:
+        """The shared rate limit storage URI of the extra ``rate_limit_storage``, e.g.
+        ``redis://redis-host:6379/0``; ``None``: the embedded storage (every process of one host)."""
+        raw = self.extra.get("rate_limit_storage")
+        if raw is None:
+            return None
+        # Deferred: core imports Lance, which the connection form (every component) must not pay for.
+        from airflow_provider_datagen.core.ratelimit import REDIS_SCHEMES
+
+        fix = 'set "rate_limit_storage" to a Redis URI such as "redis://redis-host:6379/0", or leave it empty'
+        if not isinstance(raw, str):
+            raise self._config_error(f"its extra 'rate_limit_storage' is a {type(raw).__name__}, not a string", fix)
+        uri = raw.strip()
+        scheme = uri.partition("://")[0].lower() if "://" in uri else None
+        # memory:// would be private to each process: a connection's storage is for sharing.
+        if scheme not in REDIS_SCHEMES:
+            raise self._config_error(
+                f"its extra 'rate_limit_storage' {redact_uri(uri)!r} is not a shared rate limit storage URI "
+                f"(schemes: {', '.join(REDIS_SCHEMES)})",
+                fix,
+            )
+        password = urlsplit(uri).password
+        if password:
+            self._mask({"password": password})
+        return uri
+
     def get_log(self, pipeline: str, experiment: str) -> CheckpointLog:
         """
         Open (or create) the event log of one experiment.
@@ -236,6 +265,8 @@ class DatagenHook(BaseHook):
         parts = [f"datagen_conn_id={self.datagen_conn_id!r}"]
         if "root" in self.__dict__:
             parts.append(f"root={redact_uri(self.__dict__['root'])!r}")
+        if self.__dict__.get("rate_limit_storage"):
+            parts.append(f"rate_limit_storage={redact_uri(self.__dict__['rate_limit_storage'])!r}")
         if "storage_options" in self.__dict__:
             keys = ", ".join(f"{k!r}: '***'" for k in sorted(self.__dict__["storage_options"]))
             parts.append(f"storage_options={{{keys}}}")

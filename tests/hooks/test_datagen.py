@@ -210,3 +210,47 @@ def test_hook_class_attributes():
     assert DatagenHook.conn_type == "datagen"
     assert DatagenHook.hook_name == "Datagen"
     assert DatagenHook("x").datagen_conn_id == "x"
+
+
+def test_rate_limit_storage_comes_from_extra(monkeypatch):
+    set_conn(monkeypatch, host="s3://b", extra={"rate_limit_storage": " redis://redis-host:6379/0 "})
+    assert DatagenHook().rate_limit_storage == "redis://redis-host:6379/0"
+    set_conn(monkeypatch, "prefixed", host="s3://b", extra={"extra__datagen__rate_limit_storage": "rediss://h:1/2"})
+    assert DatagenHook("prefixed").rate_limit_storage == "rediss://h:1/2"
+
+
+def test_no_rate_limit_storage_means_the_embedded_one(monkeypatch):
+    set_conn(monkeypatch, host="s3://b", extra={"rate_limit_storage": ""})
+    assert DatagenHook().rate_limit_storage is None
+    assert DatagenHook("no_such_conn").rate_limit_storage is None
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (6379, "its extra 'rate_limit_storage' is a int, not a string"),
+        ("redis-host:6379", "'redis-host:6379' is not a shared rate limit storage URI"),
+        ("memory://", "'memory://' is not a shared rate limit storage URI"),
+        ("memcached://u:pw@h:1", "'memcached://***@h:1' is not a shared rate limit storage URI"),
+    ],
+)
+def test_bad_rate_limit_storage_is_a_configuration_error(monkeypatch, value, problem):
+    set_conn(monkeypatch, "broken_conn", host="s3://b", extra={"rate_limit_storage": value})
+    with pytest.raises(ConfigurationError) as excinfo:
+        DatagenHook("broken_conn").rate_limit_storage  # noqa: B018
+    message = str(excinfo.value)
+    assert message.startswith("Connection 'broken_conn' is misconfigured: ")
+    assert problem in message
+    assert 'set "rate_limit_storage" to a Redis URI' in message
+    assert "pw" not in message
+
+
+def test_rate_limit_storage_password_is_masked_and_not_in_repr(monkeypatch):
+    from airflow.sdk.log import redact
+
+    set_conn(monkeypatch, host="s3://b", extra={"rate_limit_storage": f"redis://:{SECRET}@redis-host:6379/0"})
+    hook = DatagenHook()
+    assert hook.rate_limit_storage == f"redis://:{SECRET}@redis-host:6379/0"
+    assert redact(f"uri {SECRET}") == "uri ***"
+    assert SECRET not in repr(hook)
+    assert "rate_limit_storage='redis://***@redis-host:6379/0'" in repr(hook)
