@@ -4,7 +4,8 @@ Everything lives under ``.demo/`` (wiped at start): a SQLite metadata DB, the DA
 log and the exports. Airflow's api-server, scheduler, dag-processor and triggerer run on 127.0.0.1 (a
 free port) with LocalExecutor and are stopped by PID at the end. The DAG's process is the installed
 fake model wrapped by :mod:`dev.counted_model`, which records every invocation so that the demo can
-show that the rerun invoked only the failed items.
+show that the rerun invoked only the failed items. Its errors are ones the quickstart's retry policy
+does not cover (transient ones the DAG retries in place, in the same run).
 
 Usage (from the repository root)::
 
@@ -133,7 +134,10 @@ def main() -> int:
             "DATAGEN_EXPORT_DIR": str(exports),
         },
     )
-    _say(f"== airflow-provider-datagen demo: {N_ITEMS} prompts, a fake model that fails some first attempts")
+    _say(
+        f"== airflow-provider-datagen demo: {N_ITEMS} prompts, a fake model that refuses some first attempts "
+        "(errors the DAG's retry policy does not cover)"
+    )
     _say(f"   metadata DB and logs under {demo}; Airflow on {settings.base_url} (127.0.0.1 only)")
     stack = AirflowStack(settings)
     try:
@@ -189,7 +193,7 @@ def main() -> int:
         twice = sorted(i for i, n in counts.items() if n > 1)
         _say(f"   items processed: run 1 {len(first_calls)}, rerun {len(second_calls)} (only the failed ones)")
         _say(f"   completed items invoked again by the rerun: {len(again)} {again[:5] if again else ''}")
-        _say(f"   items invoked twice overall: {len(twice)} (each failed once on its first attempt)")
+        _say(f"   items invoked twice overall: {len(twice)} (each refused once on its first attempt, not retried)")
 
         export = rest.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/export/xcomEntries/return_value")
         value = export["value"]

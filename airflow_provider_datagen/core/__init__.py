@@ -15,6 +15,7 @@ from airflow_provider_datagen.core.fold import (
 from airflow_provider_datagen.core.ids import child_item_id, key_of, root_item_id
 from airflow_provider_datagen.core.planner import ResumePlan, plan_resume, status_of
 from airflow_provider_datagen.core.ratelimit import RateLimit
+from airflow_provider_datagen.core.retry import RetryPolicy
 from airflow_provider_datagen.core.runner import ItemContext, RunReport, run_items
 from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, EventType, ItemStatus, StepKind
 from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source
@@ -51,6 +52,7 @@ __all__ = [
     "MapReduce",
     "RateLimit",
     "ResumePlan",
+    "RetryPolicy",
     "Router",
     "RunReport",
     "Sequence",

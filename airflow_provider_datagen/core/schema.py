@@ -47,6 +47,9 @@ class ItemStatus(str, enum.Enum):
 #: Values of the stored ``status`` column: running (ITEM_CREATED), terminal ones, failed (FAILED rows).
 TERMINAL_STATUSES = frozenset({ItemStatus.COMPLETED.value, ItemStatus.FILTERED.value})
 STORED_STATUS_FAILED = "failed"
+#: The stored status of a FAILED row whose attempt was retried in place (see docs/adr/0008): the fold
+#: keeps it out of ``failures`` (the item is not failed while attempts remain), the failure lens shows it.
+STORED_STATUS_TRANSIENT = "transient"
 
 
 class StepKind(str, enum.Enum):

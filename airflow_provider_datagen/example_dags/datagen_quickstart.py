@@ -1,8 +1,12 @@
 """Quickstart: plan -> resumable mapped generation -> export, over 200 prompts and a fake model.
 
-Some items fail on their first attempt (a deterministic stand-in for a flaky model API), so the
-``generate`` task fails naming them. Clear it (UI, CLI or REST) and only those items run again;
-completed items are never invoked twice. The export's fingerprint equals an uninterrupted run's.
+Some items fail on their first attempt with a transient error (a deterministic stand-in for a flaky
+model API's timeouts); ``generate``'s ``retry=`` policy retries them in place, so the run succeeds on
+its own, and the failure lens shows those attempts as transient. Errors the policy does not cover
+fail their items and then the ``generate`` task, naming them: clear it (UI, CLI or REST) and only
+those items run again (``make demo`` shows this with
+``airflow_provider_datagen.example_dags.fakes:fake_model_with_refusals``); completed items are never
+invoked twice. The export's fingerprint equals an uninterrupted run's.
 
 Environment knobs (used by the demo and tests): ``DATAGEN_QUICKSTART_EXPERIMENT`` (default
 ``demo``), ``DATAGEN_QUICKSTART_ITEMS`` (default 200), ``DATAGEN_QUICKSTART_CHUNK`` (default 50),
@@ -60,6 +64,14 @@ with DAG(
         process=PROCESS,
         processor_version="v1",
         checkpoint_every=10,
+        # The fake model's timeouts are transient: up to 3 calls per item, 0.5 s then 1 s apart (at
+        # most; full jitter). A dict, as it could come from params or a Variable (or a RetryPolicy).
+        retry={
+            "attempts": 3,
+            "retry_on": ["airflow_provider_datagen.example_dags.fakes.TransientModelError", "builtins.TimeoutError"],
+            "backoff": 0.5,
+            "max_backoff": 5.0,
+        },
     ).expand_kwargs(plan.output)
     export = DatagenExportOperator(
         task_id="export",

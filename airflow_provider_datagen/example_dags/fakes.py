@@ -1,7 +1,10 @@
 """Deterministic stand-ins for expensive per-item work, imported by the example DAGs.
 
 They hash their input instead of calling a model, so runs are reproducible offline; a few items fail
-on their first attempt, like a flaky API, to show that clearing a failed task retries only them.
+on their first attempt, like a flaky API. :func:`fake_model`'s error is transient (a timeout): the
+quickstart's retry policy retries it in place, in the same run. :func:`fake_model_with_refusals` fails
+the same items with an error no retry policy covers (a refused request), to show that clearing a
+failed task reruns only them.
 The example DAGs name them as their ``process`` (``"airflow_provider_datagen.example_dags.fakes:fake_model"``);
 to count invocations, wrap one in a process of your own and point the DAG at it (the quickstart's
 ``DATAGEN_QUICKSTART_PROCESS``).
@@ -16,7 +19,11 @@ from airflow_provider_datagen.core import Conditional, ItemContext, Loop, MapRed
 
 
 class TransientModelError(RuntimeError):
-    """A fake model's flaky first attempt."""
+    """A fake model's flaky first attempt: a timeout, worth retrying (the quickstart's ``retry_on``)."""
+
+
+class ModelRequestError(ValueError):
+    """A fake model refused the request (an HTTP 400): calling again at once cannot help, so no retry."""
 
 
 def _digest(text: str) -> str:
@@ -34,6 +41,17 @@ def fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
         raise TransientModelError(f"model endpoint timed out for {ctx.item_id} (a fake, transient error)")
     h = _digest(str(item.get("prompt", "")))
     return {"answer": f"answer-{h[:12]}", "tokens": int(h[12:16], 16) % 500 + 1}
+
+
+def fake_model_with_refusals(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
+    """:func:`fake_model` whose flaky first attempts raise :class:`ModelRequestError`, which is not retried.
+
+    The items fail the run; a rerun (a cleared task: their next attempt) answers them as
+    :func:`fake_model` does. ``make demo`` runs the quickstart with it to show clear-and-rerun.
+    """
+    if ctx.attempt == 1 and flaky_on_first_attempt(ctx.item_id):
+        raise ModelRequestError(f"model refused the request for {ctx.item_id} (a fake, non-retryable error)")
+    return reliable_fake_model(item, ctx)
 
 
 def reliable_fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:

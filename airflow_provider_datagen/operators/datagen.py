@@ -27,7 +27,7 @@ from airflow_provider_datagen._arguments import (
     check_positive_int,
     is_template,
 )
-from airflow_provider_datagen.exceptions import ItemsFailedError
+from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 
@@ -94,6 +94,21 @@ def resolve_process(process: Any) -> Any:
             "point it at a function or a step pipeline",
         )
     return obj
+
+
+def _retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
+    """``retry`` (a ``RetryPolicy``, its dict form or None) checked, in the dict form Airflow serialises."""
+    if retry is None:
+        return None
+    # Deferred: see resolve_process.
+    from airflow_provider_datagen.core.retry import RetryPolicy
+
+    try:
+        policy = RetryPolicy.coerce(retry)
+    except ConfigurationError as exc:
+        raise bad_argument(owner, "retry", retry, "is not a valid retry policy", str(exc)) from None
+    assert policy is not None
+    return policy.as_dict()
 
 
 def _status(event_log: CheckpointLog) -> dict[str, Any]:
@@ -346,6 +361,11 @@ class DatagenMapOperator(_DatagenBase):
         time. A thread hands its item's finished steps to the task's writer on the usual cadence, so
         ``checkpoint_every=1`` still commits each step before the item's next one. A fan-out's
         children run in threads too; at most ``concurrency`` threads run user code at once.
+    :param retry: retry transient errors of ``process`` in place (see
+        :class:`~airflow_provider_datagen.core.RetryPolicy`): a ``RetryPolicy`` or its dict form
+        ``{"attempts", "retry_on", "backoff", "max_backoff", "jitter"}`` (e.g. from params or a
+        Variable; ``retry_on`` as dotted class names). Checked when the DAG is parsed. An item whose
+        attempts run out fails the task as without it. ``None`` (the default): no retry.
     :param datagen_conn_id: connection of type ``datagen``.
     """
 
@@ -362,6 +382,9 @@ class DatagenMapOperator(_DatagenBase):
         """
         if kwargs.get("map_index_template") is None:
             kwargs["map_index_template"] = cls._MAP_INDEX_TEMPLATE
+        if kwargs.get("retry") is not None:
+            # a mapped operator's __init__ runs only on the worker: check the policy when the DAG is parsed
+            kwargs["retry"] = _retry_dict(cls, kwargs["retry"])
         return super().partial(**kwargs)
 
     def __init__(
@@ -380,6 +403,7 @@ class DatagenMapOperator(_DatagenBase):
         fail_fast: bool = False,
         progress_interval: float = 5.0,
         concurrency: int = 1,
+        retry: Any = None,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -429,6 +453,8 @@ class DatagenMapOperator(_DatagenBase):
         self.fail_fast = bool(fail_fast)
         self.progress_interval = float(progress_interval)
         self.concurrency = check_positive_int(self, "concurrency", concurrency)
+        #: the retry policy in its dict form (what Airflow serialises), or None
+        self.retry = _retry_dict(self, retry)
 
     @property
     def chunk_label(self) -> str:
@@ -456,7 +482,7 @@ class DatagenMapOperator(_DatagenBase):
 
     def execute(self, context: Context) -> dict[str, Any]:
         # Deferred: see resolve_process.
-        from airflow_provider_datagen.core import run_items
+        from airflow_provider_datagen.core import RetryPolicy, run_items
 
         process = resolve_process(self.process)
         event_log = self.get_log()
@@ -489,6 +515,7 @@ class DatagenMapOperator(_DatagenBase):
             progress=_Progress(self.log, self.progress_interval),
             reraise=(AirflowTaskTimeout,),
             concurrency=self.concurrency,
+            retry=RetryPolicy.from_dict(self.retry) if self.retry is not None else None,
             # the plan's choice travels in its chunks (older plans' chunks lack it)
             redo_completed=self.chunk.get("redo_completed", self.redo_completed) if self.chunk else self.redo_completed,
         )

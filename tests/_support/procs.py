@@ -46,6 +46,12 @@ def counted_fake_model(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
     return fakes.fake_model(item, ctx)
 
 
+def counted_refusing_fake_model(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """The fake model with non-retryable first-attempt errors, recorded (the clear-and-rerun story)."""
+    _record(ctx)
+    return fakes.fake_model_with_refusals(item, ctx)
+
+
 not_callable = 42
 
 

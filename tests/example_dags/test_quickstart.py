@@ -1,4 +1,4 @@
-"""The quickstart example DAG through dag.test(): fail, clear, rerun only pending work, export."""
+"""The quickstart example DAG through dag.test(): transient errors retried in place; others fail, clear, rerun."""
 
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ def _invocations(path: Path) -> collections.Counter[str]:
 
 @pytest.fixture
 def quickstart_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The quickstart over 60 items with a counted process whose first-attempt errors are not retryable."""
     calls = tmp_path / "calls.tsv"
     monkeypatch.setenv("DATAGEN_TEST_CALLS", str(calls))
-    monkeypatch.setenv("DATAGEN_QUICKSTART_PROCESS", "tests._support.procs:counted_fake_model")
+    monkeypatch.setenv("DATAGEN_QUICKSTART_PROCESS", "tests._support.procs:counted_refusing_fake_model")
     monkeypatch.setenv("DATAGEN_QUICKSTART_EXPERIMENT", f"t{os.getpid()}{tmp_path.name[-6:]}".replace("_", ""))
     monkeypatch.setenv("DATAGEN_QUICKSTART_ITEMS", "60")
     monkeypatch.setenv("DATAGEN_QUICKSTART_CHUNK", "20")
@@ -51,7 +52,7 @@ def test_quickstart_clear_and_rerun_touches_only_failed_items(
     # each failed chunk names its failed items and the first one's own error; together they are the flaky ones
     named: set[str] = set()
     for mi in failed_idx:
-        cause = r"items failed in this chunk: .*\(first error: .*model endpoint timed out"
+        cause = r"items failed in this chunk: .*\(first error: ModelRequestError: model refused the request"
         error = run.assert_failed("generate", ItemsFailedError, cause, map_index=mi)  # type: ignore[attr-defined]
         named |= set(re.findall(r"'([^']+)'", str(error).split(" (first error:")[0]))
     assert named == flaky
@@ -69,3 +70,24 @@ def test_quickstart_clear_and_rerun_touches_only_failed_items(
     assert export["rows"] == 60
     status = run.xcom("export", key="datagen_status")  # type: ignore[attr-defined]
     assert status["completed"] == 60 and status["pending"] == 0
+
+
+def test_quickstart_retries_its_transient_errors_and_succeeds_in_one_run(
+    run_dag_file: Callable[..., object], quickstart_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_datagen.core import key_of
+    from airflow_provider_datagen.hooks.datagen import DatagenHook
+
+    monkeypatch.setenv("DATAGEN_QUICKSTART_PROCESS", "tests._support.procs:counted_fake_model")
+    run = run_dag_file(QUICKSTART, "datagen_quickstart")
+    assert run.state == "success"  # type: ignore[attr-defined]
+    flaky = {p["id"] for p in prompts(60) if flaky_on_first_attempt(p["id"])}
+    calls = _invocations(quickstart_env)
+    assert calls == collections.Counter({p["id"]: 2 if p["id"] in flaky else 1 for p in prompts(60)})
+    assert all(n == 1 for n in run.try_numbers().values())  # type: ignore[attr-defined]
+    log = DatagenHook().get_log("quickstart", os.environ["DATAGEN_QUICKSTART_EXPERIMENT"])
+    failures = log.failures()
+    assert sorted(key_of(f.item_id) for f in failures) == sorted(flaky)  # one transient row per flaky item
+    assert all(f.transient and f.attempt == 1 and f.error_type == "TransientModelError" for f in failures)
+    status = run.xcom("export", key="datagen_status")  # type: ignore[attr-defined]
+    assert status["completed"] == 60 and status["failed_items"] == 0

@@ -633,3 +633,59 @@ def test_a_bad_redo_completed_is_refused_at_parse_time() -> None:
             task_id="m", pipeline="ops", experiment="e", process=print, source=[], redo_completed="always"
         )
     assert DatagenPlanOperator(task_id="p", pipeline="ops", experiment="e", source=[]).redo_completed == "never"
+
+
+def test_map_operator_retries_transient_errors_in_one_run_from_a_dict_policy(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    # the dict form, as it would come from params or a Variable; backoff 0 keeps the test fast
+    policy = {"attempts": 3, "retry_on": ["builtins.RuntimeError"], "backoff": 0.0, "max_backoff": 0.0}
+    dag = _dag("ops_retry", tmp_path, source=_items(), experiment="retry", map_extra=f", retry={policy!r}")
+    run = run_dag_file(dag, "ops_retry")
+    assert run.state == "success"  # items 3 and 7 failed their first attempt and were retried in place
+    assert _calls(calls) == collections.Counter({**{str(i): 1 for i in range(10)}, "3": 2, "7": 2})
+    assert run.try_numbers()[("generate", 0)] == 1
+    assert run.xcom("generate", map_index=0)["invocations"] == 6
+    failures = _log("retry").failures()
+    assert [(f.item_id, f.transient, f.attempt, f.wait, f.try_number) for f in failures] == [
+        ("3", True, 1, 0.0, 1),
+        ("7", True, 1, 0.0, 1),
+    ]
+    assert "transient failure of item 3" in failures[0].message
+    assert run.xcom("export")["rows"] == 10
+    assert run.xcom("maintain", key="datagen_status")["failed_items"] == 0
+
+
+def test_a_malformed_retry_policy_is_refused_at_parse_time(tmp_path: Path) -> None:
+    from airflow_provider_datagen.core import RetryPolicy
+
+    base: dict[str, Any] = {"task_id": "m", "pipeline": "ops", "experiment": "e", "process": print, "source": []}
+    for bad, needle in (
+        ({"attempts": 0}, r"attempts=0 is not an int >= 1"),
+        ({"tries": 3}, r"has unknown keys \['tries'\]"),
+        ({"retry_on": ["RuntimeError"]}, r"retry_on='RuntimeError' is not an Exception subclass or a dotted"),
+        ("attempts=3", r"is not a dict"),
+    ):
+        pattern = rf"^DatagenMapOperator: retry={re.escape(repr(bad))} is not a valid retry policy; .*{needle}"
+        with pytest.raises(ConfigurationError, match=pattern):
+            DatagenMapOperator(**base, retry=bad)
+        with pytest.raises(ConfigurationError, match=pattern):  # mapped: checked by partial(), at parse
+            DatagenMapOperator.partial(**{k: v for k, v in base.items() if k != "source"}, retry=bad)
+    # a policy object is kept in its serialisable dict form
+    op = DatagenMapOperator(**base, retry=RetryPolicy(attempts=4, retry_on=(TimeoutError,)))
+    assert op.retry == {
+        "attempts": 4,
+        "retry_on": ["builtins.TimeoutError"],
+        "backoff": 1.0,
+        "max_backoff": 60.0,
+        "jitter": True,
+    }
+    assert DatagenMapOperator(**base).retry is None
+    # a malformed dict in a DAG file is an import error of that file
+    from tests._support.dagtest import load_dag, write_dag_file
+
+    src = _dag("ops_badretry", tmp_path, source=_items(), map_extra=", retry={'attempts': -1}")
+    (tmp_path / "dags").mkdir()
+    path = write_dag_file(src, "ops_badretry", tmp_path / "dags")
+    with pytest.raises(AssertionError, match=r"DatagenMapOperator: retry=\{'attempts': -1\} is not a valid retry"):
+        load_dag(path, "ops_badretry")

@@ -24,7 +24,7 @@ from airflow_provider_datagen.core.fold.state import (
     ItemState,
     Violation,
 )
-from airflow_provider_datagen.core.schema import EventType, ItemStatus
+from airflow_provider_datagen.core.schema import STORED_STATUS_TRANSIENT, EventType, ItemStatus
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -119,6 +119,7 @@ def fold_events(item_id: str, events: Iterable[Event], loader: Any = None) -> It
             st.terminal_seq = None
             st.filter_reason = None
             st.failures = 0
+            st.retries = 0
             st.parent_item_id = ev.parent_item_id
             continue
         if st.status is not ItemStatus.RUNNING:
@@ -141,7 +142,10 @@ def fold_events(item_id: str, events: Iterable[Event], loader: Any = None) -> It
                 st.fields[ev.field] = [ev.value(loader)]
                 st.field_modes[ev.field] = "append"
         elif et is EventType.FAILED:
-            st.failures += 1
+            if ev.status == STORED_STATUS_TRANSIENT:
+                st.retries += 1
+            else:
+                st.failures += 1
         elif et is EventType.TERMINAL:
             st.status = ItemStatus(ev.status)
             st.terminal_seq = ev.item_seq
@@ -158,6 +162,7 @@ def failure_records(events: Iterable[Event], violations: Iterable[Violation] = (
     refused = {v.event_id for v in violations}
     failed = dedupe(ev for ev in events if ev.event_type is EventType.FAILED and ev.event_id not in refused).values()
     for ev in sorted(failed, key=lambda e: (e.item_id, e.item_seq, -e.writer_epoch, e.event_key)):
+        attempt = _attempt_record(ev)
         out.append(
             FailureRecord(
                 item_id=ev.item_id,
@@ -177,6 +182,9 @@ def failure_records(events: Iterable[Event], violations: Iterable[Violation] = (
                 map_index=ev.map_index,
                 try_number=ev.try_number,
                 created_at=ev.created_at,
+                transient=ev.status == STORED_STATUS_TRANSIENT,
+                attempt=attempt.get("attempt"),
+                wait=attempt.get("wait"),
             )
         )
     for v in violations:
@@ -208,3 +216,14 @@ def failure_records(events: Iterable[Event], violations: Iterable[Violation] = (
             )
         )
     return out
+
+
+def _attempt_record(ev: Event) -> dict[str, Any]:
+    """The ``{"attempt", "transient", "wait"}`` a FAILED row of a retry policy carries, else ``{}``."""
+    if not ev.value_json:
+        return {}
+    try:
+        record = json.loads(ev.value_json)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}

@@ -75,6 +75,12 @@ class FailureRecord:
     map_index: int | None = None
     try_number: int | None = None
     created_at: Any = None
+    #: the attempt was retried in place (a retry policy): not a failure of the item
+    transient: bool = False
+    #: which call of the process this was in its item's generation (with a retry policy), else None
+    attempt: int | None = None
+    #: for a transient row: the seconds waited before the next attempt
+    wait: float | None = None
 
 
 @dataclass
@@ -95,7 +101,10 @@ class ItemState:
     filter_reason: Any = None
     last_seq: int = -1
     max_epoch: int = -1
+    #: FAILED rows of the current generation that failed the item (attempts exhausted, or no retry)
     failures: int = 0
+    #: transient FAILED rows of the current generation (attempts retried in place, see retry.py)
+    retries: int = 0
     violations: list[Violation] = field(default_factory=list)
     parent_item_id: str | None = None
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold.state import STATE_SCHEMA
-from airflow_provider_datagen.core.schema import EventType, ItemStatus
+from airflow_provider_datagen.core.schema import STORED_STATUS_TRANSIENT, EventType, ItemStatus
 from airflow_provider_datagen.exceptions import MisalignedStreamsError
 
 if TYPE_CHECKING:
@@ -101,7 +101,12 @@ class _Compacted:
         kind = np.zeros(n, dtype=np.int8)
         kind[created] = _CREATED
         kind[terminal] = _TERMINAL
-        kind[_mask(etype, EventType.FAILED.value)] = _FAILED
+        failed = np.flatnonzero(_mask(etype, EventType.FAILED.value))
+        if len(failed):
+            # a transient FAILED row (an attempt retried in place) is not a failure of the item; FAILED
+            # rows are rare, so their status is read for them alone
+            transient = _mask(batch.column("status").take(pa.array(failed)), STORED_STATUS_TRANSIENT)
+            kind[failed[~transient]] = _FAILED
         self.kind.append(kind)
         taken = pa.array(np.flatnonzero(created))
         self.created_fp.append(_flat(batch.column("input_fingerprint").take(taken)))

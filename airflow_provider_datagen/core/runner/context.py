@@ -158,7 +158,8 @@ class WorkItem:
             it.open = {c.frame_key for c in state.open_frames}
             coords = [*(c.coord for c in state.completed_steps), *state.open_frames]
             it.frames = {(c.enclosing_step, c.step) for c in coords}
-            it.attempt = state.failures + 1
+            # every FAILED row of the generation, transient ones too: a retry sees the next number
+            it.attempt = state.failures + state.retries + 1
         return it
 
 

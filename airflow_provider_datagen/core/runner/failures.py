@@ -41,6 +41,7 @@ def on_failure(runner: Committer, item: WorkItem, exc: BaseException) -> None:
         enclosing_step=where.enclosing_step,
         iteration=where.iteration,
         fanout_index=where.fanout_index,
+        attempt=exc.attempt if isinstance(exc, StepFailure) else None,
     )
     if failed_id != item.item_id:
         # A child's failure also fails its root, so the root's failure lens tells the story.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.events import StepCoord, fingerprint_of
 from airflow_provider_datagen.core.ids import child_item_id
+from airflow_provider_datagen.core.runner.attempts import call_with_retry
 from airflow_provider_datagen.core.runner.context import ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.contract import check_result_of
 from airflow_provider_datagen.core.runner.shared import StepSite
@@ -64,6 +65,9 @@ class Interpreter:
         self.steps = 0
         #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out)
         self._known_children: set[str] = set() if known_children is None else known_children
+        if shared.retry is not None:
+            # Bound once per interpreter, not tested per item: a run without a policy keeps its path.
+            self._run_leaf = self._run_leaf_retried  # type: ignore[method-assign]
 
     def new_batch(self) -> Batch:
         return self.shared.writer.new_batch()
@@ -286,6 +290,24 @@ class Interpreter:
             raise StepFailure(item.item_id, coord, exc) from exc
         except BaseException as exc:
             raise StepFailure(item.item_id, coord, exc) from exc
+        self._complete(item, coord, sets, ctx._ops, frame, shape)
+        if ctx._filtered[0]:
+            raise Filtered(ctx._filtered[1])
+
+    def _run_leaf_retried(self, item: WorkItem, step: Step, coord: StepCoord, frame: Any, shape: Any) -> None:
+        """:meth:`_run_leaf` with the run's retry policy: transient errors are retried in place (attempts.py)."""
+        if frame in item.completed:
+            return
+        if self._flush_due():
+            self.flush()
+        try:
+            result, ctx = call_with_retry(self, item, step, coord)
+            sets = self._check_result(item, step, result)
+            if sets:
+                for name in sets:
+                    ctx._mode_check(name, "set")
+        except BaseException as exc:
+            raise StepFailure(item.item_id, coord, exc, attempt=item.attempt) from exc
         self._complete(item, coord, sets, ctx._ops, frame, shape)
         if ctx._filtered[0]:
             raise Filtered(ctx._filtered[1])

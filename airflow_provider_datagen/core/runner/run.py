@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, check_redo_completed, classify
+from airflow_provider_datagen.core.retry import RetryPolicy
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, chunks, pulls
 from airflow_provider_datagen.core.runner.driver import Runner
 from airflow_provider_datagen.core.runner.interpreter import has_fanout
@@ -52,6 +53,7 @@ def run_items(
     reraise: tuple[type[BaseException], ...] = (),
     concurrency: int = 1,
     redo_completed: str = REDO_NEVER,
+    retry: RetryPolicy | None = None,
 ) -> RunReport:
     """Process every pending item of ``items`` and record it in ``log``; touch nothing that is done.
 
@@ -84,6 +86,14 @@ def run_items(
     items are acknowledged as they finish (items finishing together in submission order), and the
     items already running when the run ends are acknowledged before it raises.
 
+    ``retry=RetryPolicy(...)`` retries a leaf step's transient errors in place: up to ``attempts``
+    calls per item in this run, waiting with exponential backoff (at least an error's Retry-After)
+    in the calling thread. Each retried attempt is a FAILED row marked transient (the failure lens
+    shows it; the item is not failed for it) and the next call sees ``ctx.attempt`` one higher; only
+    when the attempts run out (or the error is not one of ``retry_on``) does the item fail as above.
+    Selectors, fan-out callables and ``reduce`` are not retried (see
+    :class:`~airflow_provider_datagen.core.RetryPolicy` and docs/adr/0008-in-place-retries.md).
+
     ``redo_completed="other_version"`` regenerates items completed (or filtered) under another
     processor version; ``"never"`` (the default) keeps them (see :func:`~airflow_provider_datagen.core.plan_resume`).
     """
@@ -106,6 +116,10 @@ def run_items(
             "run_items", "concurrency", concurrency, "is not an int >= 1", "pass 1 to run items one at a time"
         )
     check_redo_completed("run_items", redo_completed)
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise bad_argument(
+            "run_items", "retry", retry, "is not a RetryPolicy", "pass RetryPolicy(...) (or RetryPolicy.from_dict(d))"
+        )
     pipeline = as_pipeline(process_or_pipeline)
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
@@ -122,6 +136,7 @@ def run_items(
         fail_fast=fail_fast,
         reraise=reraise,
         has_fanout=has_fanout(pipeline),
+        retry=retry,
     )
     runner = Runner(shared, report)
     by_id = {s.item_id: s for s in source}
@@ -145,7 +160,8 @@ def run_items(
         restart = [*plan.demoted, *plan.invalidated, *plan.fresh]
         replayed_restarts = set(plan.demoted)
         cap = max(policy.group, MIN_PULL)
-        one_step = type(pipeline) is Step  # no frames, no fan-out: the driver's short path
+        # no frames, no fan-out, no retry: the driver's short path
+        one_step = type(pipeline) is Step and retry is None
         if concurrency > 1 and (plan.replay or restart):
             # both phases in one pool: the replays first, then the pulls, with no drain between
             run_pulls_concurrently(runner, writer, replays, restart, by_id, plan, concurrency, tick)

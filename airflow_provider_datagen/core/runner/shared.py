@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from concurrent.futures import ThreadPoolExecutor
 
     from airflow_provider_datagen.core.events import StepCoord
+    from airflow_provider_datagen.core.retry import RetryPolicy
     from airflow_provider_datagen.core.steps import Step
     from airflow_provider_datagen.core.store.batch import Batch
     from airflow_provider_datagen.core.store.log import CheckpointLog
@@ -81,6 +83,8 @@ class Handoff:
 
     def __init__(self) -> None:
         self.wake = threading.Event()
+        #: set when the run has ended (:meth:`close`): a worker's backoff wait ends early on it
+        self.ended = threading.Event()
         self._lock = threading.Lock()
         self._requests: list[FlushRequest] = []
         self._closed = False
@@ -106,6 +110,7 @@ class Handoff:
         with self._lock:
             self._closed = True
             taken, self._requests = self._requests, []
+        self.ended.set()
         return taken
 
 
@@ -138,3 +143,9 @@ class RunShared:
     #: the threads running user code at ``concurrency`` (a root waiting for its children holds none)
     child_pool: ThreadPoolExecutor | None = None
     permits: threading.Semaphore | None = None
+    #: ``run_items(retry=...)``: leaf step calls are retried in place (attempts.py); None: today's path
+    retry: RetryPolicy | None = None
+    #: THE place a rate limiter's ``acquire()`` goes: called before every attempt of a leaf step call
+    #: on the retried path (attempts.py). None by default; a limiter needs ``retry`` set too (a policy
+    #: of ``attempts=1`` when nothing is retried), so runs without either keep the unguarded path.
+    before_attempt: Callable[[], None] | None = None

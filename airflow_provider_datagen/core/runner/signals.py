@@ -18,11 +18,13 @@ class Filtered(Exception):
 class StepFailure(Exception):
     """Carries the failing item and coordinates of a step's error up to the root item."""
 
-    def __init__(self, item_id: str, coord: StepCoord, exc: BaseException) -> None:
+    def __init__(self, item_id: str, coord: StepCoord, exc: BaseException, attempt: int | None = None) -> None:
         super().__init__(str(exc))
         self.item_id = item_id
         self.coord = coord
         self.__cause__ = exc
+        #: with a retry policy: the item's attempt that failed last (its FAILED row records it)
+        self.attempt = attempt
 
 
 class RunEnded(BaseException):

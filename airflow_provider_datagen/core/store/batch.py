@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.events import ID_SEP, EncodedValue, encode_value
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, check_field_name, parent_of
-from airflow_provider_datagen.core.schema import STORED_STATUS_FAILED, TERMINAL_STATUSES, EventType, ItemStatus
+from airflow_provider_datagen.core.schema import (
+    STORED_STATUS_FAILED,
+    STORED_STATUS_TRANSIENT,
+    TERMINAL_STATUSES,
+    EventType,
+    ItemStatus,
+)
 from airflow_provider_datagen.exceptions import InvalidEventError, InvalidItemError
 
 if TYPE_CHECKING:
@@ -307,8 +313,17 @@ class Batch:
         iteration: int | None = None,
         fanout_index: int | None = None,
         traceback: str | None = None,
+        attempt: int | None = None,
+        transient: bool = False,
+        wait: float | None = None,
     ) -> None:
-        """A step raised: a failure-lens row; the item stays running and is retried later."""
+        """A step raised: a failure-lens row; the item stays running and is retried later.
+
+        With a retry policy the row also says which ``attempt`` it was and, for an attempt retried in
+        place (``transient``), the ``wait`` before the next one, as the JSON ``{"attempt", "transient",
+        "wait"}`` in the value columns; a transient row is stored with status ``transient``, which the
+        folds keep out of the item's ``failures`` (see docs/adr/0008-in-place-retries.md).
+        """
         item_id = self._id(item_id)
         if isinstance(error, BaseException):
             etype = type(error).__name__
@@ -319,13 +334,22 @@ class Batch:
             etype, message = "Error", error
         else:
             raise InvalidEventError(f"item {item_id!r}: error must be an exception or a message string")
+        status = STORED_STATUS_TRANSIENT if transient else STORED_STATUS_FAILED
         shape = self._writer.shape(
-            FAILED_VALUE, step, step_kind, enclosing_step, iteration, fanout_index, None, None, STORED_STATUS_FAILED
+            FAILED_VALUE, step, step_kind, enclosing_step, iteration, fanout_index, None, None, status
         )
         err = ErrorInfo(etype, _clip(message) or "", _clip(traceback))
-        tail = f"{shape.id_coords}{SEP}{SEP}{SEP}{id_part(err.type)}{SEP}{id_part(err.message)}"
+        enc = None
+        value_part = ""
+        if attempt is not None or transient:
+            payload: dict[str, Any] = {"attempt": attempt, "transient": transient}
+            if wait is not None:
+                payload["wait"] = wait
+            enc = encode_value(payload, what=f"attempt record of item {item_id!r}")
+            value_part = f"{enc.kind}:{enc.digest}"
+        tail = f"{shape.id_coords}{SEP}{SEP}{value_part}{SEP}{id_part(err.type)}{SEP}{id_part(err.message)}"
         self.with_extras.append(len(self.events))
-        self.events.append((item_id, shape, None, tail, (None, None, err, None)))
+        self.events.append((item_id, shape, None, tail, (None, enc, err, None)))
 
     def terminal(self, item_id: str, *, status: str = "completed", reason: Any = None) -> None:
         """The item finished: ``completed`` or ``filtered`` (with an optional JSON ``reason``)."""

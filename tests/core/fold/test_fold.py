@@ -39,7 +39,7 @@ from airflow_provider_datagen.core.fold import (
     state_row,
 )
 from airflow_provider_datagen.core.ids import parent_of, root_of
-from airflow_provider_datagen.core.schema import STORED_STATUS_FAILED
+from airflow_provider_datagen.core.schema import STORED_STATUS_FAILED, STORED_STATUS_TRANSIENT
 from airflow_provider_datagen.core.schema import EventType as ET
 
 STATUS_OF = {ET.ITEM_CREATED: "running", ET.FAILED: STORED_STATUS_FAILED}
@@ -522,7 +522,9 @@ SHAPES: dict[EventType, list[dict[str, Any]]] = {
     ET.STEP_COMPLETED: [
         {"step": s, "iteration": i, "pv": pv} for s in ("gen", "judge") for i in (None, 0) for pv in ("v1", "v2")
     ],
-    ET.FAILED: [{"step": s, "error": e} for s in (None, "gen") for e in ("ValueError", "KeyError")],
+    ET.FAILED: [{"step": s, "error": e} for s in (None, "gen") for e in ("ValueError", "KeyError")]
+    # attempts retried in place (issue 16): not failures of the item, in both folds
+    + [{"step": "gen", "error": "TimeoutError", "status": STORED_STATUS_TRANSIENT}],
     ET.TERMINAL: [{"status": "completed"}, {"status": "filtered"}, {"status": "filtered", "value": "why"}],
 }
 
