@@ -111,6 +111,15 @@ def _retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
     return policy.as_dict()
 
 
+def _rate_limit_dict(owner: object, rate_limit: Any) -> dict[str, Any] | None:
+    """``rate_limit`` (a ``RateLimit``, its dict form or None) checked, in the dict form Airflow serialises."""
+    # Deferred: see resolve_process.
+    from airflow_provider_datagen.core.ratelimit import RateLimit
+
+    limit = RateLimit.coerce(rate_limit, owner=owner)
+    return None if limit is None else limit.as_dict()
+
+
 def _status(event_log: CheckpointLog) -> dict[str, Any]:
     # Deferred: see resolve_process.
     from airflow_provider_datagen.core import status_of
@@ -366,6 +375,11 @@ class DatagenMapOperator(_DatagenBase):
         ``{"attempts", "retry_on", "backoff", "max_backoff", "jitter"}`` (e.g. from params or a
         Variable; ``retry_on`` as dotted class names). Checked when the DAG is parsed. An item whose
         attempts run out fails the task as without it. ``None`` (the default): no retry.
+    :param rate_limit: a :class:`~airflow_provider_datagen.core.RateLimit` or its dict form
+        ``{"requests_per_minute", "tokens_per_minute", "key"}``: every call of ``process`` (each
+        attempt) takes a start from the budget that every task naming the same ``key`` shares, on
+        this host, or across hosts through the connection's ``rate_limit_storage`` (a Redis URI).
+        Checked when the DAG is parsed. ``None`` (the default): no limit.
     :param datagen_conn_id: connection of type ``datagen``.
     """
 
@@ -385,6 +399,8 @@ class DatagenMapOperator(_DatagenBase):
         if kwargs.get("retry") is not None:
             # a mapped operator's __init__ runs only on the worker: check the policy when the DAG is parsed
             kwargs["retry"] = _retry_dict(cls, kwargs["retry"])
+        if kwargs.get("rate_limit") is not None:
+            kwargs["rate_limit"] = _rate_limit_dict(cls, kwargs["rate_limit"])
         return super().partial(**kwargs)
 
     def __init__(
@@ -404,6 +420,7 @@ class DatagenMapOperator(_DatagenBase):
         progress_interval: float = 5.0,
         concurrency: int = 1,
         retry: Any = None,
+        rate_limit: Any = None,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -455,6 +472,8 @@ class DatagenMapOperator(_DatagenBase):
         self.concurrency = check_positive_int(self, "concurrency", concurrency)
         #: the retry policy in its dict form (what Airflow serialises), or None
         self.retry = _retry_dict(self, retry)
+        #: the rate limit in its dict form, or None
+        self.rate_limit = _rate_limit_dict(self, rate_limit)
 
     @property
     def chunk_label(self) -> str:
@@ -482,7 +501,7 @@ class DatagenMapOperator(_DatagenBase):
 
     def execute(self, context: Context) -> dict[str, Any]:
         # Deferred: see resolve_process.
-        from airflow_provider_datagen.core import RetryPolicy, run_items
+        from airflow_provider_datagen.core import RateLimit, RetryPolicy, run_items
 
         process = resolve_process(self.process)
         event_log = self.get_log()
@@ -516,6 +535,8 @@ class DatagenMapOperator(_DatagenBase):
             reraise=(AirflowTaskTimeout,),
             concurrency=self.concurrency,
             retry=RetryPolicy.from_dict(self.retry) if self.retry is not None else None,
+            rate_limit=RateLimit.from_dict(self.rate_limit) if self.rate_limit is not None else None,
+            rate_limit_storage=self.hook.rate_limit_storage if self.rate_limit is not None else None,
             # the plan's choice travels in its chunks (older plans' chunks lack it)
             redo_completed=self.chunk.get("redo_completed", self.redo_completed) if self.chunk else self.redo_completed,
         )

@@ -656,6 +656,35 @@ def test_map_operator_retries_transient_errors_in_one_run_from_a_dict_policy(
     assert run.xcom("maintain", key="datagen_status")["failed_items"] == 0
 
 
+def test_map_operator_takes_every_attempt_from_a_dict_rate_limit(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    from airflow_provider_datagen.core import RateLimit
+    from airflow_provider_datagen.core.ratelimit import open_limiter
+
+    policy = {"attempts": 3, "retry_on": ["builtins.RuntimeError"], "backoff": 0.0, "max_backoff": 0.0}
+    limit = {"requests_per_minute": 100, "key": "ops-model"}
+    extra = f", retry={policy!r}, rate_limit={limit!r}"
+    run = run_dag_file(
+        _dag("ops_limited", tmp_path, source=_items(), experiment="limited", map_extra=extra), "ops_limited"
+    )
+    assert run.state == "success"
+    assert sum(_calls(calls).values()) == 12  # 10 items, 2 of them retried once
+    # the 12 attempts were taken from the key's budget, which every task on this root shares
+    other = open_limiter(RateLimit(100, key="ops-model"), root=str(_log("limited").root))
+    try:
+        assert not other.try_acquire(cost_requests=89)
+        assert other.try_acquire(cost_requests=88)
+    finally:
+        other.close()
+    with pytest.raises(
+        ConfigurationError, match=r"^DatagenMapOperator: rate_limit.requests_per_minute=0 is not an int of 1 or more"
+    ):
+        DatagenMapOperator.partial(
+            task_id="m", pipeline="ops", experiment="e", process=print, rate_limit={"requests_per_minute": 0}
+        )
+
+
 def test_a_malformed_retry_policy_is_refused_at_parse_time(tmp_path: Path) -> None:
     from airflow_provider_datagen.core import RetryPolicy
 

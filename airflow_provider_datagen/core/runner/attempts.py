@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.core.retry import retry_after_of
 from airflow_provider_datagen.core.runner.contract import is_contract_error
 from airflow_provider_datagen.core.runner.signals import RunEnded
 
@@ -40,6 +41,7 @@ def call_with_retry(interp: Interpreter, item: WorkItem, step: Step, coord: Step
     assert policy is not None  # only bound when the run has a policy
     handoff = shared.handoff
     hook = shared.before_attempt
+    throttled = shared.on_throttled
 
     def before(_: RetryCallState) -> None:
         # The rate limiter's place (RunShared.before_attempt): every attempt, the first included.
@@ -51,6 +53,10 @@ def call_with_retry(interp: Interpreter, item: WorkItem, step: Step, coord: Step
         assert rs.outcome is not None
         exc = rs.outcome.exception()
         assert exc is not None
+        if throttled is not None:
+            after = retry_after_of(exc)
+            if after is not None:
+                throttled(after)
         interp.batch.failed(
             item.item_id,
             error=exc,

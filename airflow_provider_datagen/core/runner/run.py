@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, check_redo_completed, classify
+from airflow_provider_datagen.core.ratelimit import RateLimit, open_limiter
 from airflow_provider_datagen.core.retry import RetryPolicy
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, chunks, pulls
 from airflow_provider_datagen.core.runner.driver import Runner
@@ -54,6 +55,8 @@ def run_items(
     concurrency: int = 1,
     redo_completed: str = REDO_NEVER,
     retry: RetryPolicy | None = None,
+    rate_limit: RateLimit | None = None,
+    rate_limit_storage: str | None = None,
 ) -> RunReport:
     """Process every pending item of ``items`` and record it in ``log``; touch nothing that is done.
 
@@ -85,6 +88,12 @@ def run_items(
     no more calls are paid for. "Consecutive" is in acknowledgement order: with ``concurrency=N``
     items are acknowledged as they finish (items finishing together in submission order), and the
     items already running when the run ends are acknowledged before it raises.
+
+    ``rate_limit=RateLimit(...)`` takes a start from the budget shared by every process and thread
+    naming the same ``key`` before each call of a leaf step (each attempt counts as one request), kept
+    under the log's root on this host, or in ``rate_limit_storage`` (a Redis URI) across hosts; an
+    error carrying a Retry-After (a 429) puts the key in a cooldown every worker honours (see
+    docs/adr/0009-shared-rate-limits.md).
 
     ``retry=RetryPolicy(...)`` retries a leaf step's transient errors in place: up to ``attempts``
     calls per item in this run, waiting with exponential backoff (at least an error's Retry-After)
@@ -120,6 +129,10 @@ def run_items(
         raise bad_argument(
             "run_items", "retry", retry, "is not a RetryPolicy", "pass RetryPolicy(...) (or RetryPolicy.from_dict(d))"
         )
+    rate_limit = RateLimit.coerce(rate_limit, owner="run_items")
+    if rate_limit is not None and retry is None:
+        # the limiter's place is the attempt path: one attempt, nothing retried
+        retry = RetryPolicy(attempts=1)
     pipeline = as_pipeline(process_or_pipeline)
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
@@ -138,6 +151,11 @@ def run_items(
         has_fanout=has_fanout(pipeline),
         retry=retry,
     )
+    limiter = None
+    if rate_limit is not None:
+        limiter = open_limiter(rate_limit, root=str(log.root), storage_uri=rate_limit_storage)
+        shared.before_attempt = limiter.acquire
+        shared.on_throttled = limiter.cooldown
     runner = Runner(shared, report)
     by_id = {s.item_id: s for s in source}
     total = len(plan.pending)
@@ -194,6 +212,8 @@ def run_items(
         raise
     finally:
         gc.unfreeze()
+        if limiter is not None:
+            limiter.close()
     return report
 
 

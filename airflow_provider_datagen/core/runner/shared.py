@@ -148,4 +148,7 @@ class RunShared:
     #: THE place a rate limiter's ``acquire()`` goes: called before every attempt of a leaf step call
     #: on the retried path (attempts.py). None by default; a limiter needs ``retry`` set too (a policy
     #: of ``attempts=1`` when nothing is retried), so runs without either keep the unguarded path.
-    before_attempt: Callable[[], None] | None = None
+    before_attempt: Callable[[], Any] | None = None
+    #: with a rate limit: called with the wait an error asked for (Retry-After, a 429), so every
+    #: worker on the limit's key cools down
+    on_throttled: Callable[[float], Any] | None = None
