@@ -72,6 +72,11 @@ def quickstart_dag_source() -> str:
         'os.environ.get("DATAGEN_QUICKSTART_EXPERIMENT", "demo")': repr(EXPERIMENT),
         'int(os.environ.get("DATAGEN_QUICKSTART_ITEMS", "200"))': str(N_ITEMS),
         'int(os.environ.get("DATAGEN_QUICKSTART_CHUNK", "50"))': str(CHUNK),
+        # the quickstart retries its fake model's timeouts in place; this story needs a failed run,
+        # so its flaky items raise an error the policy does not retry (as in make demo)
+        '"airflow_provider_datagen.example_dags.fakes:fake_model"': (
+            '"airflow_provider_datagen.example_dags.fakes:fake_model_with_refusals"'
+        ),
     }
     for old, new in substitutions.items():
         assert source.count(old) == 1, f"{QUICKSTART.name} changed: {old!r} is not there exactly once"
@@ -299,7 +304,7 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     # The failures of the first attempts stay on record, one row per flaky item.
     failures = table_rows(frame.locator("h2:has-text('Failures') + table"))
     assert sorted(f["Item"] for f in failures) == sorted(flaky), failures
-    assert all(f["Try"] == "1" and "TransientModelError" in f["Error"] for f in failures), failures
+    assert all(f["Try"] == "1" and "ModelRequestError" in f["Error"] for f in failures), failures
     assert {f["Resolved"] for f in failures} == {"resolved"}, failures  # the rerun completed every one
     assert frame.locator(".pager").first.inner_text().strip() == f"1–{N_ITEMS} of {N_ITEMS}"
     items = table_rows(frame.locator(".pager + table"))
@@ -333,7 +338,7 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     for r in ti_rows:
         if r["Item"] in flaky:
             # Failed on try 1, completed on try 2 (the clear reran only these).
-            assert "TransientModelError" in r["Try 1"] and "completed" in r["Try 2"], r
+            assert "ModelRequestError" in r["Try 1"] and "completed" in r["Try 2"], r
         else:
             assert "completed" in r["Try 1"] and r["Try 2"] == "", r
 
@@ -344,7 +349,7 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     shots.take(page, f"task-instance-datagen-tab-{rerun_item}")
     link.click()
     frame.locator("h1", has_text=rerun_item).wait_for()
-    assert "TransientModelError" in frame.locator("body").inner_text()
+    assert "ModelRequestError" in frame.locator("body").inner_text()
     shots.take(page, f"item-page-{rerun_item}")
 
     # The plugin's page straight from the api-server, with the session cookie: allowed.
