@@ -1,0 +1,114 @@
+"""What every datagen operator shares: the connection, names, status XCom, templated names."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import jinja2.nativetypes
+from airflow.sdk import BaseOperator
+
+from airflow_provider_datagen._arguments import (
+    check_name_argument,
+)
+from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.links import DatagenStatusLink
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from airflow.sdk import Context
+
+    from airflow_provider_datagen.core import CheckpointLog
+
+
+STATUS_XCOM_KEY = "datagen_status"
+REPORT_XCOM_KEY = "datagen_report"
+
+
+def folded_status(event_log: CheckpointLog) -> dict[str, Any]:
+    # Deferred: see resolve_process.
+    from airflow_provider_datagen.core import status_of
+
+    return status_of(event_log)
+
+
+def _is_literal(value: str, env: Any) -> bool:
+    """Whether rendering ``value`` in ``env`` can only return ``value`` itself (no Jinja markup).
+
+    Jinja compiles every string it is given, about a third of a millisecond each: an inline source of a
+    thousand prompts cost the plan task more than its own work. A string without any of ``env``'s
+    delimiters is template data, which Jinja copies out unchanged except in three cases kept on the slow
+    path: native rendering (``"123"`` would become an int), the normalisation of carriage returns, and
+    the stripping of one trailing newline when ``keep_trailing_newline`` is off.
+    """
+    if isinstance(env, jinja2.nativetypes.NativeEnvironment) or "\r" in value:
+        return False
+    if value.endswith("\n") and not env.keep_trailing_newline:
+        return False
+    markers = (
+        env.variable_start_string,
+        env.block_start_string,
+        env.comment_start_string,
+        env.line_statement_prefix,
+        env.line_comment_prefix,
+    )
+    return not any(m and m in value for m in markers)
+
+
+class DatagenBaseOperator(BaseOperator):
+    """Shared plumbing: the hook, the log, the status XCom and the extra link."""
+
+    operator_extra_links = (DatagenStatusLink(),)
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self, *, pipeline: str, experiment: str, datagen_conn_id: str = DatagenHook.default_conn_name, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = check_name_argument(self, "pipeline", pipeline)
+        self.experiment = check_name_argument(self, "experiment", experiment)
+        self.datagen_conn_id = datagen_conn_id
+
+    @cached_property
+    def hook(self) -> DatagenHook:
+        return DatagenHook(datagen_conn_id=self.datagen_conn_id)
+
+    def get_log(self) -> CheckpointLog:
+        """The experiment's event log (names checked again: templates are rendered by now)."""
+        check_name_argument(self, "pipeline", self.pipeline)
+        check_name_argument(self, "experiment", self.experiment)
+        return self.hook.get_log(self.pipeline, self.experiment)
+
+    def render_template(
+        self, content: Any, context: Context, jinja_env: Any = None, seen_oids: set[int] | None = None
+    ) -> Any:
+        """Render like Airflow does, but hand strings without Jinja markup back without compiling them.
+
+        The result is the same as Airflow's (see :func:`_is_literal`); the difference is speed on large
+        templated values such as an inline ``source`` list.
+        """
+        if isinstance(content, str) and not content.endswith(tuple(self.template_ext)):
+            if jinja_env is None:
+                jinja_env = self.get_template_env()
+            if _is_literal(content, jinja_env):
+                return content
+        return super().render_template(content, context, jinja_env, seen_oids)
+
+    def push_status(self, context: Context, status: Mapping[str, Any]) -> dict[str, Any]:
+        payload = dict(status)
+        context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=payload)
+        self.log.info(
+            "datagen %s/%s: %s completed, %s filtered, %s running, %s never started, %s failed items, "
+            "%s pending (log version %s)",
+            payload.get("pipeline"),
+            payload.get("experiment"),
+            payload.get("completed"),
+            payload.get("filtered"),
+            payload.get("running"),
+            payload.get("never_started"),
+            payload.get("failed_items"),
+            payload.get("pending"),
+            payload.get("log_version"),
+        )
+        return payload

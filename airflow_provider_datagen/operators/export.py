@@ -1,0 +1,142 @@
+"""DatagenExportOperator: write the completed items to a results dataset declared as an Asset."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset
+
+from airflow_provider_datagen._arguments import (
+    bad_argument,
+    check_absolute_path,
+    check_non_empty_str,
+    is_template,
+)
+from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.operators.base import DatagenBaseOperator, folded_status
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class DatagenExportOperator(DatagenBaseOperator):
+    """
+    Export the folded fields of completed items to a Lance dataset and fingerprint it.
+
+    Columns: ``item_id``, ``key``, one typed column per field (Arrow types inferred from the values;
+    a field whose values do not share one type is a column of JSON text, named in the task log and
+    in ``json_fields``), and with ``include_input=True`` the item's input as a struct column
+    ``input``. A field named ``item_id``, ``key`` or ``input``, or holding a ``.``, gets the column
+    ``field_<name>`` (dots as ``_``), listed in ``renamed_fields``.
+
+    The destination is declared as an Airflow Asset (outlet), so downstream DAGs can be scheduled on
+    fresh results. An unchanged export (the destination already holds the same content) writes no
+    new version and emits no asset event. Returns ``{"rows", "fingerprint", "changed",
+    "json_fields", "renamed_fields"}``; equal results give equal fingerprints whatever history
+    (failures, crashes, reruns) produced them. Fails with
+    :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError` when the experiment has no
+    log (a misspelt name), writing nothing.
+
+    :param pipeline: pipeline name.
+    :param experiment: experiment name.
+    :param destination: absolute path or URI of the export dataset (overwritten when it changes).
+    :param include_input: add each item's source input as a struct column ``input``; needs ``source``.
+    :param source: with ``include_input=True``, the source the experiment was planned with (the log
+        keeps input fingerprints, not inputs); read only then.
+    :param key_field: the key field of ``source``.
+    :param datagen_conn_id: connection of type ``datagen``; its storage options apply to the
+        destination too.
+    """
+
+    template_fields = ("pipeline", "experiment", "destination", "source")
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        experiment: str,
+        destination: str,
+        include_input: bool = False,
+        source: Any = None,
+        key_field: str = "id",
+        datagen_conn_id: str = DatagenHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(destination, (str, os.PathLike)) or not os.fspath(destination):
+            raise bad_argument(
+                self, "destination", destination, "is not a path or URI string", "give an absolute path or a URI"
+            )
+        destination = os.fspath(destination)
+        check_absolute_path(self, "destination", destination)
+        if not is_template(destination):
+            kwargs.setdefault("outlets", [Asset(asset_uri(destination))])
+        if not isinstance(include_input, bool):
+            raise bad_argument(self, "include_input", include_input, "is not a bool", "pass True or False")
+        if include_input and source is None:
+            raise bad_argument(
+                self,
+                "include_input",
+                include_input,
+                "needs the items' inputs, and the log keeps only their fingerprints",
+                "pass source= and key_field= as given to DatagenPlanOperator, or include_input=False",
+            )
+        if source is not None and not isinstance(source, (list, tuple, str, os.PathLike)):
+            raise bad_argument(
+                self,
+                "source",
+                source,
+                f"is a {type(source).__name__}, not a list of dicts or a path/URI string",
+                "give the plan's source: the items inline or a .jsonl, .parquet or .lance path or URI",
+            )
+        super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+        self.destination = destination
+        self.include_input = include_input
+        self.source = list(source) if isinstance(source, tuple) else source
+        self.key_field = check_non_empty_str(self, "key_field", key_field, "name the field holding each item's key")
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        # Deferred: see resolve_process.
+        from airflow_provider_datagen.core import export_results
+
+        event_log = self.get_log()
+        result = export_results(
+            event_log,
+            self.destination,
+            storage_options=self.hook.storage_options or None,
+            include_input=self.include_input,
+            source=self.source,
+            key_field=self.key_field,
+        )
+        if result["json_fields"]:
+            self.log.info(
+                "columns holding JSON text (their values do not share one Arrow type): %s",
+                ", ".join(result["json_fields"]),
+            )
+        if result["renamed_fields"]:
+            self.log.info("fields exported under another column name: %s", result["renamed_fields"])
+        if result["changed"]:
+            self.log.info(
+                "exported %d rows to %s, fingerprint %s", result["rows"], self.destination, result["fingerprint"]
+            )
+        else:
+            # The task runner builds the success message's asset events from this task's outlets as they
+            # are when execute returns (task_runner._handle_current_task_success): without the destination's
+            # asset this run announces nothing about it (the DAG still declares it; other outlets stay).
+            unchanged = Asset(asset_uri(self.destination)).uri
+            self.outlets = [o for o in self.outlets if not (isinstance(o, Asset) and o.uri == unchanged)]
+            self.log.info(
+                "export unchanged: %s already holds these %d rows (fingerprint %s); no new version, no asset event",
+                self.destination,
+                result["rows"],
+                result["fingerprint"],
+            )
+        self.push_status(context, folded_status(event_log))
+        return result
+
+
+def asset_uri(destination: str) -> str:
+    """The Asset URI of an export destination (``file://`` for local paths)."""
+    if "://" in destination:
+        return destination
+    return "file://" + os.path.abspath(destination)

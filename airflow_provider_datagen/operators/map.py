@@ -1,0 +1,301 @@
+"""DatagenMapOperator: run one chunk of items resumably (the mapped task of a plan)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowTaskTimeout
+
+from airflow_provider_datagen._arguments import (
+    bad_argument,
+    check_positive_int,
+)
+from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedError
+from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.operators.base import REPORT_XCOM_KEY, DatagenBaseOperator, folded_status
+from airflow_provider_datagen.operators.plan import check_redo_completed_argument
+from airflow_provider_datagen.operators.process import PROCESS_PATH_RE, bad_process, resolve_process
+
+if TYPE_CHECKING:
+    import logging
+
+    from airflow.sdk import Context
+    from airflow.sdk.definitions.mappedoperator import OperatorPartial
+
+
+_FAILED_SHOWN = 20
+
+
+def _retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
+    """``retry`` (a ``RetryPolicy``, its dict form or None) checked, in the dict form Airflow serialises."""
+    if retry is None:
+        return None
+    # Deferred: see resolve_process.
+    from airflow_provider_datagen.core.retry import RetryPolicy
+
+    try:
+        policy = RetryPolicy.coerce(retry)
+    except ConfigurationError as exc:
+        raise bad_argument(owner, "retry", retry, "is not a valid retry policy", str(exc)) from None
+    assert policy is not None
+    return policy.as_dict()
+
+
+def _rate_limit_dict(owner: object, rate_limit: Any) -> dict[str, Any] | None:
+    """``rate_limit`` (a ``RateLimit``, its dict form or None) checked, in the dict form Airflow serialises."""
+    # Deferred: see resolve_process.
+    from airflow_provider_datagen.core.ratelimit import RateLimit
+
+    limit = RateLimit.coerce(rate_limit, owner=owner)
+    return None if limit is None else limit.as_dict()
+
+
+class _Progress:
+    """Logs done/total, items/s and ETA at most every ``interval`` seconds."""
+
+    def __init__(self, logger: logging.Logger, interval: float) -> None:
+        self.logger = logger
+        self.interval = interval
+        self.start = time.monotonic()
+        self.last = self.start
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval and done < total:
+            return
+        self.last = now
+        elapsed = max(now - self.start, 1e-9)
+        rate = done / elapsed
+        eta = (total - done) / rate if rate > 0 else math.inf
+        self.logger.info(
+            "progress: %d/%d items (%.0f%%), %.1f items/s, ETA %s",
+            done,
+            total,
+            100.0 * done / max(total, 1),
+            rate,
+            "unknown" if math.isinf(eta) else f"{eta:.0f}s",
+        )
+
+
+class DatagenMapOperator(DatagenBaseOperator):
+    """
+    Run one chunk of items resumably: skip acknowledged items, replay the inbox, then fresh items.
+
+    Use it mapped over a :class:`DatagenPlanOperator`'s output::
+
+        gen = DatagenMapOperator.partial(task_id="generate", pipeline="qa", experiment="e1",
+                                         process="my_pkg.gen:answer").expand_kwargs(plan.output)
+
+    Each task-instance attempt writes as its own writer (dag/run/task/map index) with a fresh epoch,
+    so a zombie attempt is fenced. Failed items are recorded in the log and the task fails at the
+    end naming them: clearing it reruns only what is pending.
+
+    :param pipeline: pipeline name; must match the plan's.
+    :param experiment: experiment name; must match the plan's.
+    :param process: ``"package.module:function"``, a callable ``fn(item, ctx) -> dict | None`` or a
+        step pipeline (``Sequence``, ``Loop``, ``MapReduce``, ...).
+    :param processor_version: version of ``process``; must match the plan's.
+    :param redo_completed: ``"never"`` or ``"other_version"`` (see :class:`DatagenPlanOperator`); set
+        by ``expand_kwargs`` from the plan, whose chunks carry its choice. Give it only without a plan.
+    :param checkpoint_every: items per acknowledgement commit, each landed before the next item runs;
+        ``None`` is pipelined group commit (every 4096 items or ``checkpoint_interval`` seconds,
+        whichever first, appended while the next items run).
+    :param checkpoint_interval: the time bound of group commit, in seconds.
+    :param chunk: a chunk descriptor from the plan (set by ``expand_kwargs``).
+    :param source: without a plan, the source to run whole (list or path/URI).
+    :param key_field: the key field of ``source`` when used without a plan.
+    :param fail_fast: stop at the first failing item instead of recording it and going on.
+    :param progress_interval: seconds between progress lines in the task log.
+    :param concurrency: items processed at once in threads, for I/O-bound ``process`` functions (model
+        or HTTP calls); ``process`` must then be thread-safe. ``1`` (the default) runs items one at a
+        time. A thread hands its item's finished steps to the task's writer on the usual cadence, so
+        ``checkpoint_every=1`` still commits each step before the item's next one. A fan-out's
+        children run in threads too; at most ``concurrency`` threads run user code at once.
+    :param retry: retry transient errors of ``process`` in place (see
+        :class:`~airflow_provider_datagen.core.RetryPolicy`): a ``RetryPolicy`` or its dict form
+        ``{"attempts", "retry_on", "backoff", "max_backoff", "jitter"}`` (e.g. from params or a
+        Variable; ``retry_on`` as dotted class names). Checked when the DAG is parsed. An item whose
+        attempts run out fails the task as without it. ``None`` (the default): no retry.
+    :param rate_limit: a :class:`~airflow_provider_datagen.core.RateLimit` or its dict form
+        ``{"requests_per_minute", "tokens_per_minute", "key"}``: every call of ``process`` (each
+        attempt) takes a start from the budget that every task naming the same ``key`` shares, on
+        this host, or across hosts through the connection's ``rate_limit_storage`` (a Redis URI).
+        Checked when the DAG is parsed. ``None`` (the default): no limit.
+    :param datagen_conn_id: connection of type ``datagen``.
+    """
+
+    template_fields = ("pipeline", "experiment", "processor_version")
+    _MAP_INDEX_TEMPLATE = "{{ task.chunk_label }}"
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> OperatorPartial:
+        """``BaseOperator.partial`` with the chunk's key range as the default map index label.
+
+        The task runner renders the *mapped* operator's ``map_index_template`` (a partial kwarg,
+        ``None`` unless given), read before the operator is unmapped, so the default set in
+        ``__init__`` alone never reaches the UI.
+        """
+        if kwargs.get("map_index_template") is None:
+            kwargs["map_index_template"] = cls._MAP_INDEX_TEMPLATE
+        if kwargs.get("retry") is not None:
+            # a mapped operator's __init__ runs only on the worker: check the policy when the DAG is parsed
+            kwargs["retry"] = _retry_dict(cls, kwargs["retry"])
+        if kwargs.get("rate_limit") is not None:
+            kwargs["rate_limit"] = _rate_limit_dict(cls, kwargs["rate_limit"])
+        return super().partial(**kwargs)
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        experiment: str,
+        process: Any,
+        processor_version: str = "v1",
+        redo_completed: str = "never",
+        checkpoint_every: int | None = None,
+        checkpoint_interval: float = 2.0,
+        chunk: Mapping[str, Any] | None = None,
+        source: Any = None,
+        key_field: str = "id",
+        fail_fast: bool = False,
+        progress_interval: float = 5.0,
+        concurrency: int = 1,
+        retry: Any = None,
+        rate_limit: Any = None,
+        datagen_conn_id: str = DatagenHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("map_index_template") is None:
+            kwargs["map_index_template"] = self._MAP_INDEX_TEMPLATE
+        super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+        if isinstance(process, str) and not PROCESS_PATH_RE.match(process):
+            raise bad_process(process)
+        if not (isinstance(process, str) or callable(process)):
+            # Deferred: see resolve_process.
+            from airflow_provider_datagen.core.steps import Step
+
+            if not isinstance(process, Step):
+                raise bad_process(process)
+        self.process = process
+        self.processor_version = processor_version
+        self.redo_completed = check_redo_completed_argument(self, redo_completed)
+        self.checkpoint_every = check_positive_int(self, "checkpoint_every", checkpoint_every, allow_none=True)
+        if not isinstance(checkpoint_interval, (int, float)) or checkpoint_interval <= 0:
+            raise bad_argument(
+                self,
+                "checkpoint_interval",
+                checkpoint_interval,
+                "is not a positive number",
+                "give the time bound of group commit in seconds, e.g. 2.0",
+            )
+        self.checkpoint_interval = float(checkpoint_interval)
+        if chunk is not None and not isinstance(chunk, Mapping):
+            raise bad_argument(
+                self,
+                "chunk",
+                chunk,
+                "is not a chunk descriptor dict",
+                "map the operator with expand_kwargs(plan.output) of a DatagenPlanOperator",
+            )
+        self.chunk = dict(chunk) if chunk is not None else None
+        if chunk is None and source is None:
+            raise bad_argument(
+                self,
+                "chunk",
+                chunk,
+                "and source=None leave nothing to run",
+                "give either chunk (expand_kwargs(plan.output) from a DatagenPlanOperator) or source",
+            )
+        self.source = source
+        self.key_field = key_field
+        self.fail_fast = bool(fail_fast)
+        self.progress_interval = float(progress_interval)
+        self.concurrency = check_positive_int(self, "concurrency", concurrency)
+        #: the retry policy in its dict form (what Airflow serialises), or None
+        self.retry = _retry_dict(self, retry)
+        #: the rate limit in its dict form, or None
+        self.rate_limit = _rate_limit_dict(self, rate_limit)
+
+    @property
+    def chunk_label(self) -> str:
+        """What the UI shows for this map index: the chunk's key range."""
+        if self.chunk:
+            return str(self.chunk.get("label", ""))
+        return "all items"
+
+    def _items(self) -> tuple[list[Any], str]:
+        """The items of this chunk (or of the whole source without a plan) and their key field."""
+        # Deferred: see resolve_process.
+        from airflow_provider_datagen.core import load_source
+        from airflow_provider_datagen.core.chunks import chunk_items
+
+        if self.chunk is None:
+            return load_source(self.source, self.key_field), self.key_field
+        items = chunk_items(
+            self.chunk,
+            pipeline=self.pipeline,
+            experiment=self.experiment,
+            processor_version=self.processor_version,
+            storage_options=self.hook.storage_options or None,
+        )
+        return items, str(self.chunk.get("key_field", self.key_field))
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        # Deferred: see resolve_process.
+        from airflow_provider_datagen.core import RateLimit, RetryPolicy, run_items
+
+        process = resolve_process(self.process)
+        event_log = self.get_log()
+        items, key_field = self._items()
+        ti = context["ti"]
+        map_index = getattr(ti, "map_index", -1)
+        try_number = int(getattr(ti, "try_number", 1) or 1)
+        coords = {
+            "dag_id": ti.dag_id,
+            "run_id": ti.run_id,
+            "task_id": ti.task_id,
+            "map_index": map_index,
+            "try_number": try_number,
+        }
+        writer_id = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{map_index}"
+        epoch = event_log.next_epoch()
+        self.log.info("writer %s epoch %d (try %d): %d items in this chunk", writer_id, epoch, try_number, len(items))
+        report = run_items(
+            event_log,
+            items,
+            process,
+            key_field=key_field,
+            processor_version=self.processor_version,
+            writer_id=writer_id,
+            epoch=epoch,
+            checkpoint_every=self.checkpoint_every,
+            checkpoint_interval=self.checkpoint_interval,
+            fail_fast=self.fail_fast,
+            airflow=coords,
+            progress=_Progress(self.log, self.progress_interval),
+            reraise=(AirflowTaskTimeout,),
+            concurrency=self.concurrency,
+            retry=RetryPolicy.from_dict(self.retry) if self.retry is not None else None,
+            rate_limit=RateLimit.from_dict(self.rate_limit) if self.rate_limit is not None else None,
+            rate_limit_storage=self.hook.rate_limit_storage if self.rate_limit is not None else None,
+            # the plan's choice travels in its chunks (older plans' chunks lack it)
+            redo_completed=self.chunk.get("redo_completed", self.redo_completed) if self.chunk else self.redo_completed,
+        )
+        result = report.as_dict()
+        self.log.info("chunk done: %s (%d commits, %d events)", result, report.commits, report.events)
+        self.push_status(context, folded_status(event_log))
+        if report.failed:
+            ti.xcom_push(key=REPORT_XCOM_KEY, value=result)
+            shown = ", ".join(repr(i) for i in report.failed[:_FAILED_SHOWN])
+            more = f" and {len(report.failed) - _FAILED_SHOWN} more" if len(report.failed) > _FAILED_SHOWN else ""
+            first = report.errors.get(report.failed[0], "")
+            raise ItemsFailedError(
+                f"{len(report.failed)} of {len(items)} items failed in this chunk: {shown}{more} "
+                f"(first error: {first[:300]}). They are recorded in the log's failure lens; "
+                f"{len(report.processed)} items were acknowledged. Clear this task instance to rerun only the "
+                "pending items."
+            )
+        return result

@@ -1,0 +1,119 @@
+"""DatagenPlanOperator: fold the log once and return the pending items as chunk descriptors."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_datagen._arguments import (
+    bad_argument,
+    check_absolute_path,
+    check_non_empty_str,
+    check_positive_int,
+)
+from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.operators.base import DatagenBaseOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator, Context
+
+
+class DatagenPlanOperator(DatagenBaseOperator):
+    """
+    Plan pending work: fold the log once and return chunks of the items that are not done.
+
+    The return value is a list of kwargs dicts for ``DatagenMapOperator.partial(...).expand_kwargs()``;
+    each names its source and item ids (never payloads). With nothing pending it is empty, so the
+    mapped task is skipped. Inline sources are snapshotted once next to the log so mapped workers read
+    the very items that were planned.
+
+    :param pipeline: pipeline name (a directory under ``datagen_checkpoints/``).
+    :param experiment: experiment name; one event log per pipeline/experiment.
+    :param source: a list of dicts, or a path/URI to a ``.jsonl``, ``.parquet`` or ``.lance`` source.
+    :param key_field: the field holding each item's unique source key.
+    :param chunk_size: items per mapped task instance (grown if the chunks would exceed
+        ``[core] max_map_length``).
+    :param processor_version: version of the processing code; cursors of other versions are demoted.
+    :param redo_completed: ``"never"`` (the default) keeps items completed under another processor
+        version (the plan logs how many); ``"other_version"`` regenerates them (and filtered ones),
+        each as a new generation: the old outputs stay in the log's history. The chunks carry the
+        choice to the mapped tasks.
+    :param datagen_conn_id: connection of type ``datagen`` (root URI and storage options).
+    """
+
+    template_fields = ("pipeline", "experiment", "source", "processor_version")
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        experiment: str,
+        source: Any,
+        key_field: str = "id",
+        chunk_size: int = 100,
+        processor_version: str = "v1",
+        redo_completed: str = "never",
+        datagen_conn_id: str = DatagenHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+        self.redo_completed = check_redo_completed_argument(self, redo_completed)
+        if not isinstance(source, (list, tuple, str, os.PathLike)):
+            raise bad_argument(
+                self,
+                "source",
+                source,
+                f"is a {type(source).__name__}, not a list of dicts or a path/URI string",
+                "give the items inline or a .jsonl, .parquet or .lance path or URI",
+            )
+        self.source = list(source) if isinstance(source, tuple) else check_absolute_path(self, "source", source)
+        self.key_field = check_non_empty_str(self, "key_field", key_field, "name the field holding each item's key")
+        self.chunk_size = check_positive_int(self, "chunk_size", chunk_size)
+        self.processor_version = check_non_empty_str(
+            self, "processor_version", processor_version, "give the version of the processing code, e.g. 'v1'"
+        )
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        # Deferred: see resolve_process.
+        from airflow_provider_datagen.core.chunks import plan_chunks
+
+        max_map = _max_map_length()
+        result = plan_chunks(
+            self.get_log(),
+            self.source,
+            key_field=self.key_field,
+            chunk_size=self.chunk_size,
+            processor_version=self.processor_version,
+            max_chunks=max_map,
+            redo_completed=self.redo_completed,
+        )
+        self.log.info(
+            "plan: %s; %d chunk(s) of up to %d items", result.plan.as_dict(), len(result.chunks), result.chunk_size
+        )
+        kept = result.plan.kept_other_version
+        if kept:
+            self.log.info(
+                "%d completed or filtered items were produced by other processor versions (%s); they are kept. "
+                "Pass redo_completed='other_version' to regenerate them.",
+                sum(kept.values()),
+                ", ".join(f"{v}: {n}" for v, n in kept.items()),
+            )
+        self.push_status(context, result.status)
+        return [{"chunk": c, "redo_completed": self.redo_completed} for c in result.chunks]
+
+
+def check_redo_completed_argument(owner: BaseOperator, value: Any) -> str:
+    # Deferred: see resolve_process.
+    from airflow_provider_datagen.core.planner import check_redo_completed
+
+    return check_redo_completed(owner, value)
+
+
+def _max_map_length() -> int:
+    try:
+        # Deferred and guarded: the full Airflow configuration is absent on a task-SDK-only worker.
+        from airflow.configuration import conf
+
+        return conf.getint("core", "max_map_length", fallback=1024)
+    except Exception:  # a worker with only the task SDK
+        return 1024
