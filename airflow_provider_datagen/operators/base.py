@@ -27,7 +27,7 @@ REPORT_XCOM_KEY = "datagen_report"
 
 
 def folded_status(event_log: CheckpointLog) -> dict[str, Any]:
-    # Deferred: see resolve_process.
+    # Deferred: core imports Lance, which DAG parsing must not pay for.
     from airflow_provider_datagen.core import status_of
 
     return status_of(event_log)

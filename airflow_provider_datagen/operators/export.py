@@ -96,7 +96,7 @@ class DatagenExportOperator(DatagenBaseOperator):
         self.key_field = check_non_empty_str(self, "key_field", key_field, "name the field holding each item's key")
 
     def execute(self, context: Context) -> dict[str, Any]:
-        # Deferred: see resolve_process.
+        # Deferred: core imports Lance, which DAG parsing must not pay for.
         from airflow_provider_datagen.core import export_results
 
         event_log = self.get_log()

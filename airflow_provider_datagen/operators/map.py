@@ -33,7 +33,7 @@ def _retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
     """``retry`` (a ``RetryPolicy``, its dict form or None) checked, in the dict form Airflow serialises."""
     if retry is None:
         return None
-    # Deferred: see resolve_process.
+    # Deferred: core imports Lance, which DAG parsing must not pay for.
     from airflow_provider_datagen.core.retry import RetryPolicy
 
     try:
@@ -46,7 +46,7 @@ def _retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
 
 def _rate_limit_dict(owner: object, rate_limit: Any) -> dict[str, Any] | None:
     """``rate_limit`` (a ``RateLimit``, its dict form or None) checked, in the dict form Airflow serialises."""
-    # Deferred: see resolve_process.
+    # Deferred: core imports Lance, which DAG parsing must not pay for.
     from airflow_provider_datagen.core.ratelimit import RateLimit
 
     limit = RateLimit.coerce(rate_limit, owner=owner)
@@ -174,7 +174,7 @@ class DatagenMapOperator(DatagenBaseOperator):
         if isinstance(process, str) and not PROCESS_PATH_RE.match(process):
             raise bad_process(process)
         if not (isinstance(process, str) or callable(process)):
-            # Deferred: see resolve_process.
+            # Deferred: core imports Lance, which DAG parsing must not pay for.
             from airflow_provider_datagen.core.steps import Step
 
             if not isinstance(process, Step):
@@ -228,7 +228,7 @@ class DatagenMapOperator(DatagenBaseOperator):
 
     def _items(self) -> tuple[list[Any], str]:
         """The items of this chunk (or of the whole source without a plan) and their key field."""
-        # Deferred: see resolve_process.
+        # Deferred: core imports Lance, which DAG parsing must not pay for.
         from airflow_provider_datagen.core import load_source
         from airflow_provider_datagen.core.chunks import chunk_items
 
@@ -244,7 +244,7 @@ class DatagenMapOperator(DatagenBaseOperator):
         return items, str(self.chunk.get("key_field", self.key_field))
 
     def execute(self, context: Context) -> dict[str, Any]:
-        # Deferred: see resolve_process.
+        # Deferred: core imports Lance, which DAG parsing must not pay for.
         from airflow_provider_datagen.core import RateLimit, RetryPolicy, run_items
 
         process = resolve_process(self.process)

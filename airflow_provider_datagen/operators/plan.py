@@ -74,7 +74,7 @@ class DatagenPlanOperator(DatagenBaseOperator):
         )
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
-        # Deferred: see resolve_process.
+        # Deferred: core imports Lance, which DAG parsing must not pay for.
         from airflow_provider_datagen.core.chunks import plan_chunks
 
         max_map = _max_map_length()
@@ -103,7 +103,7 @@ class DatagenPlanOperator(DatagenBaseOperator):
 
 
 def check_redo_completed_argument(owner: BaseOperator, value: Any) -> str:
-    # Deferred: see resolve_process.
+    # Deferred: core imports Lance, which DAG parsing must not pay for.
     from airflow_provider_datagen.core.planner import check_redo_completed
 
     return check_redo_completed(owner, value)
