@@ -37,6 +37,25 @@ _SCHEMA = (
 _BUSY_TIMEOUT = 30.0
 
 
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Put the file in WAL mode (persistent: done once per file).
+
+    Switching modes needs the file to itself and SQLite answers "database is locked" at once, busy
+    timeout or not, when processes open a new file together: the first switch wins, the others
+    retry until they read ``wal``.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class SQLiteStorage(Storage, MovingWindowSupport):
     """
     Moving-window rate limit storage in the SQLite file ``path``; safe across processes and threads.
@@ -69,7 +88,7 @@ class SQLiteStorage(Storage, MovingWindowSupport):
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
         # WAL lets readers and the single writer proceed together; rate-limit rows need no fsync per write.
-        conn.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
         with _transaction(conn):
             for statement in _SCHEMA:
