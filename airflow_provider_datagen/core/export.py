@@ -190,17 +190,13 @@ def _column(values: list[Any], ids: list[str], what: str) -> tuple[pa.Array, boo
         arr = None  # no one Arrow type for these values
     if arr is not None and not _too_deep(arr.type) and _round_trips(values, arr):
         return _single(arr), False
-    text = [None if v is None else _json_text(v, f"{what} of item {i!r}") for i, v in zip(ids, values, strict=True)]
+    # canonical_source_json is canonical_json for JSON types; an input value JSON has no form for (a
+    # datetime, a Decimal, bytes) takes the tagged text of source values (decode_source_json reads it)
+    text = [
+        None if v is None else canonical_source_json(v, what=f"{what} of item {i!r}")
+        for i, v in zip(ids, values, strict=True)
+    ]
     return _single(pa.array(text, pa.string())), True
-
-
-def _json_text(value: Any, what: str) -> str:
-    """Canonical JSON of a value; an input value JSON has no form for (a datetime, a Decimal, bytes)
-    takes the tagged text of source values (``decode_source_json`` reads it back)."""
-    try:
-        return canonical_json(value, what=what)
-    except InvalidValueError:
-        return canonical_source_json(value, what=what)
 
 
 def column_names(field_names: list[str]) -> dict[str, str]:
