@@ -57,6 +57,10 @@ class ProcessContractError(ProcessError):
     """The process broke its contract (return type, field names or values) on consecutive items: the chunk stopped."""
 
 
+class PromptTemplateError(DatagenError, ValueError):
+    """A model step's prompt template could not be rendered for an item (e.g. it names a field the item lacks)."""
+
+
 class ConfigurationError(DatagenError, ValueError):
     """An operator, hook or sensor argument is invalid; names the parameter."""
 

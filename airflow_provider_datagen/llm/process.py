@@ -1,0 +1,206 @@
+"""A ready model step: :func:`llm_process` builds an ``async def (item, ctx)`` process around a pydantic-ai agent.
+
+The agent comes from the common.ai provider's ``PydanticAIHook`` (its connection gives the provider,
+base URL, API key and default model), so the same step talks to OpenAI, Anthropic, a vLLM or an
+Ollama server. Building it is deferred to the first call, on the worker: a DAG file that builds a step
+parses without pydantic-ai installed and without looking the connection up. It is built once per event
+loop (the HTTP client's connections belong to the loop that opened them) and shared by every item.
+
+The client's own retries are off (``max_retries=0``): one call of the process is one request, so the
+run's ``retry=`` policy owns retries (attempts, waits, Retry-After, the failure lens) and the run's
+``rate_limit=`` sees every request. pydantic-ai raises typed errors that carry the provider's
+Retry-After (:data:`~airflow_provider_datagen.llm.errors.RETRYABLE_ERRORS`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from airflow_provider_datagen.exceptions import ConfigurationError, bad_argument
+from airflow_provider_datagen.llm.output import OutputSpec
+from airflow_provider_datagen.llm.prompt import PromptTemplate
+from airflow_provider_datagen.llm.usage import record_usage
+
+if TYPE_CHECKING:
+    from airflow_provider_datagen.core.steps import Step
+
+#: An LLM process: ``await process(item, ctx)`` returns the item's new fields.
+LLMProcess = Callable[[Mapping[str, Any], Any], Awaitable[dict[str, Any]]]
+
+_INSTALL = "install the model-step extra: pip install 'airflow-provider-datagen[llm]'"
+
+
+def llm_process(
+    prompt: str,
+    *,
+    llm_conn_id: str | None = None,
+    model_id: str | None = None,
+    instructions: str | None = None,
+    output_type: Any = str,
+    output_field: str = "output",
+    timeout: float | None = None,
+    model_settings: Mapping[str, Any] | None = None,
+    agent_kwargs: Mapping[str, Any] | None = None,
+    model: Any = None,
+) -> LLMProcess:
+    """An ``async def process(item, ctx)`` that asks a model and returns its answer as the item's fields.
+
+    Use it as ``process=`` of ``DatagenMapOperator`` or ``run_items``, or as a step
+    (:func:`llm_step`). Each call renders the prompt from the item, makes one model request (no
+    retry of its own: give the run ``retry=`` with
+    :data:`~airflow_provider_datagen.llm.errors.RETRYABLE_ERRORS`), records the reply's tokens with
+    ``ctx.record_usage`` (also when the run then fails, e.g. on an answer that does not validate) and
+    returns the fields.
+
+    :param prompt: a Jinja2 template rendered per item (``StrictUndefined``): the names are the item's
+        input fields and the fields earlier steps set, e.g. ``"Translate into French: {{ text }}"``. A
+        name the item lacks fails that item with ``PromptTemplateError`` naming the field.
+    :param llm_conn_id: a ``pydanticai`` connection (or ``pydanticai_azure`` / ``_bedrock`` /
+        ``_vertex``): host = base URL, password = API key, extra ``{"model": "openai:gpt-5-mini"}``.
+        ``None``: the hook's default, ``pydanticai_default``.
+    :param model_id: the model, overriding the connection's: ``"openai:gpt-5-mini"``,
+        ``"anthropic:claude-sonnet-4-5"``, ``"ollama:llama3.2"``, ``"vllm:Qwen/Qwen2.5-7B-Instruct"``,
+        ``"openai-chat:<name>"`` for any other OpenAI-compatible server.
+    :param instructions: the system instructions, the same for every item.
+    :param output_type: what the model must answer: ``str`` (one field, ``output_field``), a pydantic
+        model class or a JSON schema dict of an object (its properties become the fields), a dataclass
+        or TypedDict (its fields), or another type such as ``list[str]`` (one field).
+    :param output_field: the field of a ``str`` (or other non-structured) answer.
+    :param timeout: seconds one model request may take (pydantic-ai's ``request_timeout``); past it the
+        request is cancelled and ``ModelRequestTimeout`` raised (a retryable error). ``None``: the
+        client's default.
+    :param model_settings: more pydantic-ai ``ModelSettings`` (``temperature``, ``max_tokens``, ...).
+        ``max_retries`` is 0 unless given here.
+    :param agent_kwargs: more keyword arguments of the pydantic-ai ``Agent``: ``retries={"output": 2}``
+        (more tries at an answer that does not validate, within one call), ``tools``, ...
+    :param model: a pydantic-ai ``Model`` or model name used instead of the connection (tests with
+        ``TestModel``/``FunctionModel``, or code outside Airflow); ``llm_conn_id`` is then not read.
+    :returns: the process; its ``version`` attribute is a digest of the prompt, instructions, output type,
+        model and settings, to pass as ``processor_version`` so that changing any of them reruns the items.
+    """
+    owner = "llm_process"
+    template = PromptTemplate(prompt, owner)
+    output = OutputSpec(output_type, output_field, owner)
+    for param, value in (("llm_conn_id", llm_conn_id), ("model_id", model_id), ("instructions", instructions)):
+        if value is not None and not isinstance(value, str):
+            raise bad_argument(owner, param, value, "is not a string", "give a string, or None")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise bad_argument(owner, "timeout", timeout, "is not a positive number of seconds", "e.g. 120")
+    for param, mapping in (("model_settings", model_settings), ("agent_kwargs", agent_kwargs)):
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise bad_argument(owner, param, mapping, "is not a dict", "give a dict of keyword arguments, or None")
+    settings: dict[str, Any] = {"max_retries": 0, **(model_settings or {})}
+    if timeout is not None:
+        settings["request_timeout"] = float(timeout)
+    extra = dict(agent_kwargs or {})
+    for reserved in ("output_type", "instructions", "model_settings", "model"):
+        if reserved in extra:
+            raise bad_argument(
+                owner, "agent_kwargs", extra, f"sets {reserved!r}", f"pass {reserved}= to llm_process itself"
+            )
+
+    def build() -> Any:
+        try:
+            agent_output = output.agent_output_type()
+            if model is not None:
+                from pydantic_ai import Agent
+
+                agent: Any = Agent(
+                    model,
+                    output_type=agent_output,
+                    instructions=instructions,
+                    model_settings=cast("Any", settings),  # a ModelSettings TypedDict, built as a dict
+                    **extra,
+                )
+            else:
+                from airflow.providers.common.ai.hooks.pydantic_ai import PydanticAIHook
+
+                conn_id = llm_conn_id if llm_conn_id is not None else PydanticAIHook.default_conn_name
+                hook = PydanticAIHook.get_hook(conn_id, hook_params={"model_id": model_id} if model_id else None)
+                agent = hook.create_agent(
+                    agent_output, instructions=instructions or "", model_settings=settings, **extra
+                )
+        except ImportError as exc:
+            raise ConfigurationError(f"llm_process: a model step needs pydantic-ai ({exc}); {_INSTALL}") from exc
+        if output.schema is not None:
+            agent.output_validator(output.check_answer)
+        return agent
+
+    agents = _AgentCache(build)
+
+    async def process(item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+        text = template.render(item, ctx.fields, ctx.item_id)
+        agent = await agents.get()
+        from pydantic_ai import capture_run_messages  # loaded by agents.get() already
+
+        with capture_run_messages() as messages:
+            try:
+                result = await agent.run(text)
+            finally:
+                # the tokens of every reply are paid for, whether or not the run then succeeded
+                record_usage(ctx, messages)
+        return output.fields_of(result.output)
+
+    description = {
+        "prompt": template.source,
+        "instructions": instructions,
+        "output": output.describe(),
+        "model_id": model_id,
+        "model": model if isinstance(model, str) or model is None else type(model).__name__,
+        "model_settings": settings,
+        "agent_kwargs": extra,
+    }
+    digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=repr).encode()).hexdigest()
+    process.version = f"llm-{digest[:12]}"  # type: ignore[attr-defined]
+    return process
+
+
+def llm_step(name: str, prompt: str, **kwargs: Any) -> Step:
+    """A pipeline :class:`~airflow_provider_datagen.core.Step` named ``name`` running :func:`llm_process`.
+
+    ``llm_step("translate", "Translate: {{ text }}", llm_conn_id="openai", output_type=Translation)``;
+    the keyword arguments are :func:`llm_process`'s.
+    """
+    # Deferred: core imports Lance, which DAG parsing must not pay for.
+    from airflow_provider_datagen.core.steps import Step
+
+    return Step(name, llm_process(prompt, **kwargs))
+
+
+class _AgentCache:
+    """One agent per event loop, built on first use in a worker thread (imports and the connection
+    lookup must not stall the loop); concurrent first calls wait for the same build, a failed build is
+    tried again by the next call."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+    async def get(self) -> Any:
+        """The agent of the running loop."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._by_loop.get(loop)
+            if entry is None:
+                entry = self._by_loop[loop] = loop.create_task(asyncio.to_thread(self._build))
+        if not isinstance(entry, asyncio.Task):
+            return entry
+        try:
+            agent = await asyncio.shield(entry)
+        except BaseException:
+            if entry.done():
+                with self._lock:
+                    if self._by_loop.get(loop) is entry:
+                        del self._by_loop[loop]
+            raise
+        with self._lock:
+            if self._by_loop.get(loop) is entry:
+                self._by_loop[loop] = agent
+        return agent

@@ -1,0 +1,154 @@
+"""A small OpenAI-compatible chat-completions server on 127.0.0.1, for the model step's HTTP tests.
+
+``POST /v1/chat/completions`` answers by the last user message:
+
+- containing ``[429]``: HTTP 429 with ``Retry-After: <retry_after>`` and OpenAI's error body;
+- containing ``[http NNN]``: HTTP NNN with OpenAI's error body (e.g. 400, 503);
+- containing ``[slow]``: the normal answer after ``slow_seconds`` (ended early by :meth:`stop`);
+- otherwise a completion with ``usage``. Its content is ``"echo: <message>"``, or, when the request
+  offers the ``final_result`` output tool (pydantic-ai's structured output), a call of that tool
+  with ``tool_args`` (JSON).
+
+Usage is deterministic and recorded per request in :attr:`FakeOpenAI.requests` (with what was sent),
+so a test compares what the client recorded with what the server said. Runs in a thread of the
+test process; :meth:`stop` ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Request:
+    """One request the server answered: its body and the status and usage it answered with."""
+
+    body: dict[str, Any]
+    status: int | None = None  # None while a slow answer is pending
+    usage: dict[str, int] | None = None
+
+    @property
+    def text(self) -> str:
+        """The last user message of the request."""
+        return _last_user_text(self.body)
+
+
+@dataclass
+class FakeOpenAI:
+    """The server's behaviour and what it saw; :func:`start` runs one."""
+
+    retry_after: int = 7
+    slow_seconds: float = 30.0
+    tool_args: dict[str, Any] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _server: ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:
+        """(status, headers, JSON body) for a chat-completions request."""
+        text = _last_user_text(body)
+        request = Request(body)
+        self.requests.append(request)  # on arrival: a test counts the requests a client made
+        if "[429]" in text:
+            request.status = 429
+            error = {"message": "Rate limit reached, retry later", "type": "requests", "code": "rate_limit_exceeded"}
+            return 429, {"Retry-After": str(self.retry_after)}, {"error": error}
+        status = re.search(r"\[http (\d{3})\]", text)
+        if status:
+            request.status = int(status.group(1))
+            return int(status.group(1)), {}, {"error": {"message": f"fake error {status.group(1)}", "type": "fake"}}
+        if "[slow]" in text:
+            self._stopping.wait(self.slow_seconds)
+        tools = [t.get("function", {}).get("name") for t in body.get("tools") or []]
+        usage = {"prompt_tokens": 10 + len(text), "completion_tokens": 3 + len(text) // 2}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        if "final_result" in tools:
+            call = {"id": "call_1", "type": "function"}
+            call["function"] = {"name": "final_result", "arguments": json.dumps(self.tool_args)}
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            finish = "tool_calls"
+        else:
+            message = {"role": "assistant", "content": f"echo: {text}"}
+            finish = "stop"
+        request.status, request.usage = 200, usage
+        return (
+            200,
+            {},
+            {
+                "id": f"chatcmpl-{len(self.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "unknown"),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": usage,
+            },
+        )
+
+    def stop(self) -> None:
+        """End slow answers at once, stop serving and close the socket."""
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def _last_user_text(body: dict[str, Any]) -> str:
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):  # content parts
+                return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return str(content or "")
+    return ""
+
+
+def start(**behaviour: Any) -> FakeOpenAI:
+    """A :class:`FakeOpenAI` serving on a free port of 127.0.0.1 in a daemon thread."""
+    fake = FakeOpenAI(**behaviour)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                status, headers, payload = 404, {}, {"error": {"message": f"no route {self.path}"}}
+            else:
+                status, headers, payload = fake.answer(body)
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (its timeout): nothing to answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep the test output clean
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    fake._server = server
+    fake._thread = threading.Thread(target=server.serve_forever, name="fake-openai", daemon=True)
+    fake._thread.start()
+    return fake

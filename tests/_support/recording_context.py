@@ -1,0 +1,38 @@
+"""A stand-in for the runner's ItemContext that records ``record_usage`` calls (the model step's tests)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+class RecordingContext:
+    """What a model step reads from ``ctx`` (``item_id``, ``fields``) and the ``record_usage`` calls it made.
+
+    ``record_usage`` has the runner's signature, so a call the real context would refuse fails here too.
+    """
+
+    def __init__(self, item_id: str = "k1", fields: Mapping[str, Any] | None = None) -> None:
+        self.item_id = item_id
+        self.fields: Mapping[str, Any] = dict(fields or {})
+        self.usage: list[dict[str, Any]] = []
+
+    def record_usage(
+        self,
+        model: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cost_usd: float | None = None,
+        calls: int = 1,
+    ) -> None:
+        self.usage.append(
+            {
+                "model": model,
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "cost_usd": cost_usd,
+                "calls": calls,
+            }
+        )
