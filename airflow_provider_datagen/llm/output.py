@@ -116,7 +116,11 @@ class OutputSpec:
         if self.kind == "text":
             return {"text": self.output_field}
         assert self._adapter is not None
-        return {"schema": self._adapter.json_schema(), "field": self.output_field}
+        try:
+            schema: Any = self._adapter.json_schema()
+        except Exception:  # a type pydantic validates but cannot describe in JSON schema (e.g. a callable)
+            schema = repr(self.output_type)
+        return {"schema": schema, "field": self.output_field}
 
 
 def _checked_schema(owner: object, schema: Mapping[str, Any]) -> dict[str, Any]:

@@ -156,9 +156,16 @@ def llm_process(
         "model_settings": settings,
         "agent_kwargs": extra,
     }
-    digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=repr).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=_stable_name).encode()).hexdigest()
     process.version = f"llm-{digest[:12]}"  # type: ignore[attr-defined]
     return process
+
+
+def _stable_name(obj: Any) -> str:
+    """A name for a non-JSON value of the version digest that is the same in every process that parses the
+    DAG (a ``repr`` may hold a memory address): a function or class by its dotted name, else its type's."""
+    named = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(named, '__module__', '')}.{named.__qualname__}"
 
 
 def llm_step(name: str, prompt: str, **kwargs: Any) -> Step:

@@ -68,6 +68,10 @@ def test_the_llm_example_parses_without_the_llm_extra(tmp_path: Path) -> None:
     assert generate["concurrency"] == 8
     assert out["process"] == "llm_process.<locals>.process"
     assert generate["processor_version"] == out["plan_version"] and out["plan_version"].startswith("llm-")
+    from airflow_provider_datagen.example_dags import datagen_llm
+
+    # the worker parses the file again, in another process: the version must not change there
+    assert out["plan_version"] == datagen_llm.translate.version  # type: ignore[attr-defined]
 
 
 def test_the_examples_step_translates_through_any_openai_compatible_connection(monkeypatch: pytest.MonkeyPatch) -> None:

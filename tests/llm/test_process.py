@@ -223,6 +223,20 @@ def test_version_follows_what_changes_the_answers() -> None:
     assert base not in others and len(others) == 6
 
 
+def test_version_is_the_same_in_every_process_that_builds_the_step() -> None:
+    def tool_of(n: int) -> Callable[[], int]:
+        def lookup() -> int:
+            return n
+
+        return lookup
+
+    # two function objects (two parses of a DAG file) with one dotted name: one version, not their addresses
+    first, second = tool_of(1), tool_of(2)
+    assert first is not second
+    steps = [llm_process("Say {{ w }}", model_id="m", agent_kwargs={"tools": [tool]}) for tool in (first, second)]
+    assert steps[0].version == steps[1].version  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
