@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, check_redo_completed, classify
 from airflow_provider_datagen.core.ratelimit import RateLimit, open_limiter
 from airflow_provider_datagen.core.retry import RetryPolicy
+from airflow_provider_datagen.core.runner.aio import LoopThread, run_async
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, chunks, pulls
 from airflow_provider_datagen.core.runner.driver import Runner
-from airflow_provider_datagen.core.runner.interpreter import has_fanout
+from airflow_provider_datagen.core.runner.interpreter import guarded, has_async, has_fanout
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import DEFAULT_GROUP_SECONDS, CommitPolicy, RunShared
 from airflow_provider_datagen.core.runner.threads import run_pulls_concurrently
@@ -130,9 +131,6 @@ def run_items(
             "run_items", "retry", retry, "is not a RetryPolicy", "pass RetryPolicy(...) (or RetryPolicy.from_dict(d))"
         )
     rate_limit = RateLimit.coerce(rate_limit, owner="run_items")
-    if rate_limit is not None and retry is None:
-        # the limiter's place is the attempt path: one attempt, nothing retried
-        retry = RetryPolicy(attempts=1)
     pipeline = as_pipeline(process_or_pipeline)
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
@@ -155,7 +153,15 @@ def run_items(
     if rate_limit is not None:
         limiter = open_limiter(rate_limit, root=str(log.root), storage_uri=rate_limit_storage)
         shared.before_attempt = limiter.acquire
+        shared.before_attempt_async = limiter.acquire_async
         shared.on_throttled = limiter.cooldown
+    # an async process (one step) runs on an event loop (aio.py); async steps of a larger pipeline are
+    # awaited on a loop thread of the run by the sync drivers
+    one_step = type(pipeline) is Step
+    async_process = one_step and pipeline.is_async
+    steps_loop = LoopThread() if not one_step and has_async(pipeline) else None
+    if steps_loop is not None:
+        shared.bridge = steps_loop.call
     runner = Runner(shared, report)
     by_id = {s.item_id: s for s in source}
     total = len(plan.pending)
@@ -178,9 +184,11 @@ def run_items(
         restart = [*plan.demoted, *plan.invalidated, *plan.fresh]
         replayed_restarts = set(plan.demoted)
         cap = max(policy.group, MIN_PULL)
-        # no frames, no fan-out, no retry: the driver's short path
-        one_step = type(pipeline) is Step and retry is None
-        if concurrency > 1 and (plan.replay or restart):
+        # no frames, no fan-out: the driver's short path (guarded by a retry policy or a rate limit)
+        run_leaf = runner.run_fresh_leaf if not guarded(shared) else runner.run_fresh_leaf_guarded
+        if async_process:
+            run_async(runner, writer, replays, restart, by_id, plan, concurrency, tick)
+        elif concurrency > 1 and (plan.replay or restart):
             # both phases in one pool: the replays first, then the pulls, with no drain between
             run_pulls_concurrently(runner, writer, replays, restart, by_id, plan, concurrency, tick)
         else:
@@ -194,7 +202,7 @@ def run_items(
                 runner.pull([(by_id[iid], None) for iid in chunk])
                 for iid in chunk:
                     if one_step:
-                        runner.run_fresh_leaf(by_id[iid], iid in replayed_restarts)
+                        run_leaf(by_id[iid], iid in replayed_restarts)
                     else:
                         runner.run_root(
                             by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq
@@ -212,6 +220,8 @@ def run_items(
         raise
     finally:
         gc.unfreeze()
+        if steps_loop is not None:
+            steps_loop.close()
         if limiter is not None:
             limiter.close()
     return report
