@@ -80,6 +80,12 @@ def run_items(
     merged in index order; permits keep the threads running user code at ``concurrency`` (an item
     waiting for its children holds none and runs those not yet started).
 
+    An ``async def`` process (or an object whose ``__call__`` is async) runs on an event loop in this
+    thread instead, up to ``concurrency`` calls in flight, with the same results; this thread stays the
+    only writer and acknowledges each item as its call returns, and the process's signal handlers (an
+    orchestrator's SIGTERM) run between acknowledgements. Async steps of a pipeline of several steps
+    are awaited on a loop thread of the run by the sync drivers above (docs/adr/0010-async-processes.md).
+
     An error raised by the user's code fails that item (a FAILED row; a rerun retries it) and the run
     goes on. The process breaking its contract (returning something other than a dict or None,
     invalid field names, values that are not JSON-serializable, in its return value or through
@@ -93,7 +99,7 @@ def run_items(
     ``rate_limit=RateLimit(...)`` takes a start from the budget shared by every process and thread
     naming the same ``key`` before each call of a leaf step (each attempt counts as one request), kept
     under the log's root on this host, or in ``rate_limit_storage`` (a Redis URI) across hosts; an
-    error carrying a Retry-After (a 429) puts the key in a cooldown every worker honours (see
+    error carrying a Retry-After (a 429), retried or not, puts the key in a cooldown every worker honours (see
     docs/adr/0009-shared-rate-limits.md).
 
     ``retry=RetryPolicy(...)`` retries a leaf step's transient errors in place: up to ``attempts``

@@ -334,3 +334,44 @@ def test_the_budget_hook_stops_starting_new_items(tmp_path: Any) -> None:
     # the rest stays pending for the next run, which does it
     report = run_items(log, make_items(50), process, concurrency=4, epoch=2)
     assert len(report.processed) == 40 and len(calls) == 50
+
+
+def test_async_steps_in_a_pipeline_retry_in_place_and_the_loop_thread_ends_with_the_run(tmp_path: Any) -> None:
+    import threading
+
+    calls: list[tuple[str, int]] = []
+
+    def first(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return {"a": item["id"]}
+
+    async def second(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.append((ctx.item_id, ctx.attempt))
+        await asyncio.sleep(0)
+        if ctx.attempt < 3:
+            raise TimeoutError(f"attempt {ctx.attempt}")
+        return {"b": ctx.fields["a"] + 1}
+
+    pipeline = Sequence("p", [Step("first", first), Step("second", second)])
+    waits: list[float] = []
+    log = open_log(tmp_path, "steps-retry")
+    report = run_items(log, make_items(4), pipeline, retry=_policy(waits), concurrency=2)
+    assert report.failed == [] and sorted(waits) == sorted([2.0, 4.0] * 4)
+    assert sorted(calls) == sorted((str(i), a) for i in range(4) for a in (1, 2, 3))
+    assert [(r.step, r.transient, r.attempt) for r in log.failures("0")] == [("second", True, 1), ("second", True, 2)]
+    assert log.item_states(["0"])["0"].fields == {"a": 0, "b": 1}
+    assert not [t for t in threading.enumerate() if t.name == "datagen-steps-loop"]
+
+
+def test_called_from_inside_a_running_loop_the_run_uses_a_loop_of_its_own(tmp_path: Any) -> None:
+    """As in a notebook: run_items is sync, so the caller's loop waits while a helper thread runs the items."""
+    items = make_items(30)
+    seq = open_log(tmp_path, "seq")
+    run_items(seq, items, sync_process)
+    aio = open_log(tmp_path, "nested")
+
+    async def notebook_cell() -> Any:
+        return run_items(aio, items, async_process(Flight()), concurrency=8)
+
+    report = asyncio.run(notebook_cell())
+    assert report.invocations == 30
+    assert _event_ids(aio) == _event_ids(seq) and results_fp(aio) == results_fp(seq)
