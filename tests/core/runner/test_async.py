@@ -375,3 +375,24 @@ def test_called_from_inside_a_running_loop_the_run_uses_a_loop_of_its_own(tmp_pa
     report = asyncio.run(notebook_cell())
     assert report.invocations == 30
     assert _event_ids(aio) == _event_ids(seq) and results_fp(aio) == results_fp(seq)
+
+
+def test_what_counts_as_async() -> None:
+    import functools
+
+    async def fn(item: dict[str, Any], ctx: Any, extra: int = 0) -> None:
+        return None
+
+    class Client:
+        async def answer(self, item: dict[str, Any], ctx: Any) -> None:
+            return None
+
+        def __call__(self, item: dict[str, Any], ctx: Any) -> None:  # a sync __call__ beside an async method
+            return None
+
+    class Inherits(Client):
+        pass
+
+    assert is_async(fn) and is_async(functools.partial(fn, extra=1)) and is_async(Client().answer)
+    assert not is_async(Client()) and not is_async(Inherits()) and not is_async(len)
+    assert Step("s", functools.partial(fn, extra=2)).is_async and not Step("t", Client()).is_async
