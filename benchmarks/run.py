@@ -21,6 +21,8 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
   ``run_items`` with ``concurrency=8``, against the same run with ``concurrency=1``; with fewer roots
   than threads, only running children in parallel fills the threads. And one root split into a few
   sections split into many pieces: only running the grandchildren in parallel beats the section count.
+* ``concurrency``: efficiency (rate / ideal) of sync threads against an async process at several
+  concurrencies and latencies, and the retry path's cost when nothing fails (benchmarks/concurrency.py).
 
 Every figure is a median over repeats; ratios compare figures of this run only.
 """
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from benchmarks.concurrency import bench_concurrency
 from benchmarks.fakes import LATENCY_ENV
 
 if TYPE_CHECKING:
@@ -712,9 +715,10 @@ def bench_fanout(tmp: Path, quick: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    parser.add_argument("--only", nargs="*", choices=["throughput", "plan", "reads", "airflow", "fanout"])
+    all_sections = ["throughput", "plan", "reads", "airflow", "fanout", "concurrency"]
+    parser.add_argument("--only", nargs="*", choices=all_sections)
     args = parser.parse_args(argv)
-    sections = args.only or ["throughput", "plan", "reads", "airflow", "fanout"]
+    sections = args.only or all_sections
     tmp = Path(tempfile.mkdtemp(prefix="datagen-bench-"))
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}, "quick": args.quick}
     if RESULTS.exists():
@@ -730,6 +734,7 @@ def main(argv: list[str] | None = None) -> int:
                 "reads": bench_reads,
                 "airflow": bench_airflow,
                 "fanout": bench_fanout,
+                "concurrency": bench_concurrency,
             }
             results[name] = fn[name](tmp, args.quick)
             print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -4,9 +4,10 @@ A policy says which errors of a process are transient (``retry_on``: classes, or
 against the error's class hierarchy so no SDK need be installed), how many calls an item may take in
 one run (``attempts``, the first included) and how long to wait between them (exponential backoff,
 optionally jittered, never below a ``Retry-After`` the error carries). The waiting and stopping are
-tenacity's (:meth:`RetryPolicy.retrying`); the runner stages each retried attempt as a transient
-FAILED event (core/runner/attempts.py). Nothing here knows about the log, so an async runner can
-build ``tenacity.AsyncRetrying`` from the same :meth:`RetryPolicy.tenacity_kwargs`.
+tenacity's (:meth:`RetryPolicy.retrying`, :meth:`RetryPolicy.async_retrying` for async processes);
+the runner makes the first attempt a plain call and hands only its failure to tenacity
+(:func:`failed_first`), and stages each retried attempt as a transient FAILED event
+(core/runner/attempts.py). Nothing here knows about the log.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tenacity import (
+    AsyncRetrying,
+    BaseRetrying,
     RetryCallState,
     Retrying,
     retry_if_exception,
@@ -105,7 +108,8 @@ class RetryPolicy:
     :param jitter: "full jitter": each wait is drawn uniformly from 0 to the capped exponential
         backoff, so workers that failed together do not retry together; a ``Retry-After`` is a floor.
     :param sleep: how a wait is slept, for tests (not serialised, not compared); ``None``: the
-        runner's own wait, which ends early when the run ends.
+        runner's own wait, which ends early when the run ends. For an async process it may return an
+        awaitable, which is awaited.
     """
 
     attempts: int = 3
@@ -113,7 +117,7 @@ class RetryPolicy:
     backoff: float = 1.0
     max_backoff: float = 60.0
     jitter: bool = True
-    sleep: Callable[[float], None] | None = field(default=None, compare=False, repr=False)
+    sleep: Callable[[float], Any] | None = field(default=None, compare=False, repr=False)
     _classes: tuple[type[BaseException], ...] = field(init=False, repr=False, compare=False)
     _names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
@@ -252,3 +256,33 @@ class RetryPolicy:
         if before_sleep is not None:
             kwargs["before_sleep"] = before_sleep
         return Retrying(sleep=sleep, **kwargs)
+
+    def async_retrying(
+        self,
+        *,
+        sleep: Callable[[float], Any],
+        before: Callable[[RetryCallState], Any] | None = None,
+        before_sleep: Callable[[RetryCallState], Any] | None = None,
+        retry_also: Callable[[BaseException], bool] | None = None,
+    ) -> AsyncRetrying:
+        """:meth:`retrying` for an async process: a ``tenacity.AsyncRetrying`` (hooks and sleep may be async)."""
+        kwargs = self.tenacity_kwargs(retry_also)
+        if before is not None:
+            kwargs["before"] = before
+        if before_sleep is not None:
+            kwargs["before_sleep"] = before_sleep
+        return AsyncRetrying(sleep=sleep, **kwargs)
+
+
+def failed_first(retrying: BaseRetrying, exc: BaseException) -> RetryCallState:
+    """Tenacity's state after a first attempt that raised ``exc``, made outside tenacity.
+
+    The runner makes the first call plain (no ``Retrying`` per call when nothing fails) and hands
+    only a failure over: driving ``retrying.iter`` from this state, as ``Retrying.__call__`` does,
+    decides whether to retry it, how long to wait and when to stop, exactly as if tenacity had made
+    the first call.
+    """
+    retrying.begin()
+    rs = RetryCallState(retrying, fn=None, args=(), kwargs={})
+    rs.set_exception((type(exc), exc, exc.__traceback__))
+    return rs

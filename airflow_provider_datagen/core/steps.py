@@ -10,6 +10,8 @@ item and its folded fields on resume (see docs/design.md, Resume), so nothing op
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -22,20 +24,48 @@ from airflow_provider_datagen.exceptions import InvalidPipelineError
 ProcessFn = Callable[..., Any]
 
 
+def is_async(fn: Any) -> bool:
+    """Whether calling ``fn`` gives a coroutine: an ``async def`` (or a partial of one), or an object
+    whose ``__call__`` is one."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    if inspect.isfunction(fn) or inspect.ismethod(fn):
+        return False
+    for klass in type(fn).__mro__:  # the class's own __call__, as a call of the object finds it
+        if "__call__" in klass.__dict__:
+            return inspect.iscoroutinefunction(klass.__dict__["__call__"])
+    return False
+
+
+def _sync_only(owner: str, what: str, fn: Any) -> None:
+    """Selectors and fan-out callables stay plain functions: cheap functions of the item, run inline."""
+    if fn is not None and is_async(fn):
+        raise InvalidPipelineError(
+            f"{owner}: {what} is async; selectors, fan-out callables and reduce must be plain functions of the "
+            "item and its fields. Put the model call in a leaf step (Step(name, async_fn)) and read its field"
+        )
+
+
 class Step:
     """A leaf step: one call of a user function, checkpointed by one STEP_COMPLETED.
 
     :param name: unique name of the step in its pipeline (letters, digits, ``_-.``).
-    :param fn: ``fn(item, ctx) -> dict | None``.
+    :param fn: ``fn(item, ctx) -> dict | None``, or ``async def fn(item, ctx)`` (an object with an
+        async ``__call__`` too): the runner awaits it (see ``run_items``' ``concurrency``).
     """
 
     kind: StepKind = StepKind.STEP
+    #: whether ``fn`` is async (a leaf step only; the other kinds hold no fn of their own)
+    is_async: bool = False
 
     def __init__(self, name: str, fn: ProcessFn) -> None:
         self.name = check_name(name, "step")
         if not callable(fn):
             raise InvalidPipelineError(f"step {name!r}: fn must be callable, got {type(fn).__name__}")
         self.fn = fn
+        self.is_async = is_async(fn)
 
     def children(self) -> list[Step]:
         return []
@@ -94,6 +124,7 @@ class Loop(Step):
         self.body = as_step(body, f"{name}_body")
         if (times is None) == (until is None):
             raise InvalidPipelineError(f"Loop {name!r}: give exactly one of times= or until=")
+        _sync_only(f"Loop {name!r}", "until", until)
         if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 0):
             raise InvalidPipelineError(f"Loop {name!r}: times must be a non-negative int")
         if not isinstance(max_iterations, int) or max_iterations < 1:
@@ -128,6 +159,8 @@ class MapReduce(Step):
         self.name = check_name(name, "step")
         if not callable(over) or not callable(reduce):
             raise InvalidPipelineError(f"MapReduce {name!r}: over and reduce must be callables")
+        _sync_only(f"MapReduce {name!r}", "over", over)
+        _sync_only(f"MapReduce {name!r}", "reduce", reduce)
         self.over = over
         self.map = as_step(map, f"{name}_map")
         self.reduce = reduce
@@ -151,6 +184,7 @@ class Branch(Step):
         self.name = check_name(name, "step")
         if isinstance(branches, (str, bytes)) or not isinstance(branches, Seq) or not branches:
             raise InvalidPipelineError(f"Branch {name!r} needs a non-empty list of branches")
+        _sync_only(f"Branch {name!r}", "reduce", reduce)
         self.branches = [as_step(b, f"{name}_{i}") for i, b in enumerate(branches)]
         self.reduce = reduce
 
@@ -172,6 +206,8 @@ class SubPipeline(Step):
         reduce: Callable[..., dict[str, Any] | None] | None = None,
     ) -> None:
         self.name = check_name(name, "step")
+        _sync_only(f"SubPipeline {name!r}", "input", input)
+        _sync_only(f"SubPipeline {name!r}", "reduce", reduce)
         self.pipeline = as_step(pipeline, f"{name}_pipeline")
         self.input = input
         self.reduce = reduce
@@ -195,6 +231,7 @@ class Conditional(Step):
         self.name = check_name(name, "step")
         if not callable(predicate):
             raise InvalidPipelineError(f"Conditional {name!r}: predicate must be callable")
+        _sync_only(f"Conditional {name!r}", "predicate", predicate)
         self.predicate = predicate
         self.then = as_step(then, f"{name}_then")
         self.otherwise = as_step(otherwise, f"{name}_otherwise") if otherwise is not None else None
@@ -219,6 +256,7 @@ class Router(Step):
         self.name = check_name(name, "step")
         if not callable(route):
             raise InvalidPipelineError(f"Router {name!r}: route must be callable")
+        _sync_only(f"Router {name!r}", "route", route)
         if not isinstance(routes, Mapping) or not routes:
             raise InvalidPipelineError(f"Router {name!r} needs a non-empty mapping of routes")
         self.route = route

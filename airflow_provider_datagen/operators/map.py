@@ -113,7 +113,10 @@ class DatagenMapOperator(DatagenBaseOperator):
         or HTTP calls); ``process`` must then be thread-safe. ``1`` (the default) runs items one at a
         time. A thread hands its item's finished steps to the task's writer on the usual cadence, so
         ``checkpoint_every=1`` still commits each step before the item's next one. A fan-out's
-        children run in threads too; at most ``concurrency`` threads run user code at once.
+        children run in threads too; at most ``concurrency`` threads run user code at once. An
+        ``async def`` process instead runs on an event loop in the task's main thread with up to
+        ``concurrency`` calls in flight (hundreds are fine); async steps of a step pipeline are
+        awaited by the threads.
     :param retry: retry transient errors of ``process`` in place (see
         :class:`~airflow_provider_datagen.core.RetryPolicy`): a ``RetryPolicy`` or its dict form
         ``{"attempts", "retry_on", "backoff", "max_backoff", "jitter"}`` (e.g. from params or a

@@ -7,6 +7,7 @@ output is a pure function of the item and its folded fields (seed 001 ``process_
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -161,6 +162,27 @@ def flat_process(recorder: Recorder | None = None, emit: Callable[[str, str], No
         return out
 
     return process
+
+
+def transient_first_attempts(process: Callable[..., Any]) -> Any:
+    """``process`` where every fifth item fails its first attempt with a TimeoutError (retried in place)."""
+
+    def flaky(item: dict[str, Any], ctx: Any) -> Any:
+        if item["id"] % 5 == 0 and ctx.attempt == 1:
+            raise TimeoutError(f"transient error of {ctx.item_id}")
+        return process(item, ctx)
+
+    return flaky
+
+
+def as_async(process: Callable[..., Any], latency: float = 0.0) -> Any:
+    """``process`` as an ``async def`` that waits ``latency`` seconds (a model call) before calling it."""
+
+    async def process_async(item: dict[str, Any], ctx: Any) -> Any:
+        await asyncio.sleep(latency)
+        return process(item, ctx)
+
+    return process_async
 
 
 def steps_pipeline(hook: Callable[[str, Any], None] | None = None) -> Sequence:

@@ -1,28 +1,40 @@
-"""The retried call of a leaf step's function: ``run_items(retry=...)`` (see docs/adr/0008-in-place-retries.md).
+"""The guarded call of a leaf step's function: a rate limit, a retry policy, or an async step in a sync driver.
 
-Only runs with a retry policy come here (the interpreter binds its retried leaf at construction), so
-a run without one does no work for it. Each attempt gets a fresh context numbered one more than the
-last (``ctx.attempt``); an attempt whose error the policy retries becomes a transient FAILED row in
-the interpreter's batch, then the call waits (in the calling thread: a worker's wait blocks no other
-item) and runs again. Exhausted or not retryable, the last error raises, and the item fails as
-without a policy. Nothing acknowledged is ever called again: a retry re-runs only this step, before
-any of its events were staged.
+Only runs with one of them come here (the interpreter binds its guarded leaf at construction, the
+one-step driver picks its guarded variant), so a run without any does no work for it. The first
+attempt is a plain call: the rate limit's hook (``RunShared.before_attempt``), the call, and the
+cooldown of an error carrying a Retry-After (``RunShared.on_throttled``, retried or not). Only a
+failure the policy retries is handed to tenacity, which decides the waits and when to stop (see
+docs/adr/0008-in-place-retries.md); each retried attempt becomes a transient FAILED row in the
+interpreter's batch, then the call waits (in the calling thread, or on the event loop for an async
+process: a wait blocks no other item) and runs again with a fresh context numbered one more
+(``ctx.attempt``). Exhausted or not retryable, the last error raises, and the item fails as without
+a policy. Nothing acknowledged is ever called again: a retry re-runs only this step, before any of its
+events were staged.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_datagen.core.retry import retry_after_of
+from tenacity import DoAttempt, DoSleep
+
+from airflow_provider_datagen.core.retry import failed_first, retry_after_of
 from airflow_provider_datagen.core.runner.contract import is_contract_error
 from airflow_provider_datagen.core.runner.signals import RunEnded
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tenacity import RetryCallState
 
     from airflow_provider_datagen.core.events import StepCoord
+    from airflow_provider_datagen.core.retry import RetryPolicy
     from airflow_provider_datagen.core.runner.context import ItemContext, WorkItem
     from airflow_provider_datagen.core.runner.interpreter import Interpreter
+    from airflow_provider_datagen.core.runner.shared import RunShared
     from airflow_provider_datagen.core.steps import Step
 
 
@@ -31,47 +43,88 @@ def _not_contract_error(exc: BaseException) -> bool:
     return not is_contract_error(exc)
 
 
-def call_with_retry(interp: Interpreter, item: WorkItem, step: Step, coord: StepCoord) -> tuple[Any, ItemContext]:
-    """Call ``step.fn`` for ``item`` under the run's retry policy.
+def _retried(policy: RetryPolicy | None, exc: BaseException) -> bool:
+    """Whether ``exc`` of a first attempt goes to tenacity (the rest of the decisions are tenacity's)."""
+    return policy is not None and policy.attempts > 1 and not is_contract_error(exc) and policy.retryable(exc)
+
+
+def _throttle(shared: RunShared, exc: BaseException | None) -> None:
+    """A failed attempt asked for a wait (a 429's Retry-After): the rate limit's key cools down for everyone."""
+    throttled = shared.on_throttled
+    if throttled is not None and exc is not None:
+        after = retry_after_of(exc)
+        if after is not None:
+            throttled(after)
+
+
+def _call(shared: RunShared, step: Step, item: WorkItem, ctx: ItemContext) -> Any:
+    result = step.fn(item.data, ctx)
+    if step.is_async:  # an async step in a sync driver: awaited on the run's event loop thread
+        assert shared.bridge is not None
+        result = shared.bridge(result)
+    return result
+
+
+def call_step(interp: Interpreter, item: WorkItem, step: Step, coord: StepCoord) -> tuple[Any, ItemContext]:
+    """Call ``step.fn`` for ``item``: the rate limit's hook, the call, and the retry policy on a failure.
 
     Returns the result and the context of the call that returned it.
     """
     shared = interp.shared
+    hook = shared.before_attempt
+    if hook is not None:
+        hook()
+    ctx = interp._ctx(item, coord)
+    interp.report.invocations += 1
+    try:
+        return _call(shared, step, item, ctx), ctx
+    except BaseException as exc:
+        _throttle(shared, exc)
+        if not _retried(shared.retry, exc):
+            raise
+        first = exc
+    return _retry(interp, item, step, coord, first)
+
+
+def _stage_transient(interp: Interpreter, item: WorkItem, coord: StepCoord, rs: RetryCallState) -> None:
+    """A retried attempt's transient FAILED row; the next call sees ``ctx.attempt`` one higher."""
+    assert rs.outcome is not None
+    exc = rs.outcome.exception()
+    assert exc is not None
+    interp.batch.failed(
+        item.item_id,
+        error=exc,
+        step=coord.step,
+        step_kind=coord.step_kind,
+        enclosing_step=coord.enclosing_step,
+        iteration=coord.iteration,
+        fanout_index=coord.fanout_index,
+        attempt=item.attempt,
+        transient=True,
+        wait=rs.upcoming_sleep,
+    )
+    item.attempt += 1
+
+
+def _retry(
+    interp: Interpreter, item: WorkItem, step: Step, coord: StepCoord, first: BaseException
+) -> tuple[Any, ItemContext]:
+    """The attempts after a first one that failed with ``first``, driven by tenacity's ``Retrying``."""
+    shared = interp.shared
     policy = shared.retry
-    assert policy is not None  # only bound when the run has a policy
+    assert policy is not None
     handoff = shared.handoff
     hook = shared.before_attempt
-    throttled = shared.on_throttled
 
     def before(_: RetryCallState) -> None:
-        # The rate limiter's place (RunShared.before_attempt): every attempt, the first included.
-        if hook is not None:
+        if hook is not None:  # the rate limit's place: every attempt (the first had it before the call)
             hook()
 
     def failed_attempt(rs: RetryCallState) -> None:
-        """A retried attempt: its transient FAILED row, made durable on the sequential cadence before the wait."""
-        assert rs.outcome is not None
-        exc = rs.outcome.exception()
-        assert exc is not None
-        if throttled is not None:
-            after = retry_after_of(exc)
-            if after is not None:
-                throttled(after)
-        interp.batch.failed(
-            item.item_id,
-            error=exc,
-            step=coord.step,
-            step_kind=coord.step_kind,
-            enclosing_step=coord.enclosing_step,
-            iteration=coord.iteration,
-            fanout_index=coord.fanout_index,
-            attempt=item.attempt,
-            transient=True,
-            wait=rs.upcoming_sleep,
-        )
+        _stage_transient(interp, item, coord, rs)
+        # made durable on the sequential cadence before the wait
         if shared.policy.per_step or interp._flush_due():
             interp.flush()
-        item.attempt += 1
 
     def sleep(seconds: float) -> None:
         if policy.sleep is not None:
@@ -84,10 +137,106 @@ def call_with_retry(interp: Interpreter, item: WorkItem, step: Step, coord: Step
             raise RunEnded("the run ended during a retry's backoff wait")  # never call user code after
 
     retrying = policy.retrying(sleep=sleep, before=before, before_sleep=failed_attempt, retry_also=_not_contract_error)
+    rs = failed_first(retrying, first)
     report = interp.report
-    for attempt in retrying:
-        with attempt:
+    while True:
+        do = retrying.iter(rs)
+        if isinstance(do, DoAttempt):
             ctx = interp._ctx(item, coord)
             report.invocations += 1
-            result = step.fn(item.data, ctx)
-    return result, ctx
+            try:
+                rs.set_result((_call(shared, step, item, ctx), ctx))
+            except BaseException as exc:
+                _throttle(shared, exc)
+                rs.set_exception((type(exc), exc, exc.__traceback__))
+        elif isinstance(do, DoSleep):
+            rs.prepare_for_next_attempt()
+            retrying.sleep(do)
+        else:
+            return do
+
+
+# --- async ----------------------------------------------------------------------------------------------
+
+
+async def call_step_async(
+    interp: Interpreter,
+    item: WorkItem,
+    step: Step,
+    coord: StepCoord,
+    flush: Callable[[], None],
+) -> tuple[Any, ItemContext]:
+    """:func:`call_step` for an async step on the event loop (aio.py); ``flush`` commits before a wait.
+
+    The rate limit's hook is awaited (the limiter's non-blocking acquire) and the waits are
+    ``asyncio.sleep`` (tenacity's ``AsyncRetrying``): a wait holds this item's place among the
+    ``concurrency`` in flight but blocks no other item, and ends (cancelled) when the run ends.
+    """
+    shared = interp.shared
+    hook = shared.before_attempt_async
+    if hook is not None:
+        await hook()
+    ctx = interp._ctx(item, coord)
+    interp.report.invocations += 1
+    try:
+        return await step.fn(item.data, ctx), ctx
+    except BaseException as exc:
+        _throttle(shared, exc)
+        if not _retried(shared.retry, exc):
+            raise
+        first = exc
+    return await _retry_async(interp, item, step, coord, first, flush)
+
+
+async def _retry_async(
+    interp: Interpreter,
+    item: WorkItem,
+    step: Step,
+    coord: StepCoord,
+    first: BaseException,
+    flush: Callable[[], None],
+) -> tuple[Any, ItemContext]:
+    shared = interp.shared
+    policy = shared.retry
+    assert policy is not None
+    hook = shared.before_attempt_async
+
+    async def before(_: RetryCallState) -> None:
+        if hook is not None:
+            await hook()
+
+    def failed_attempt(rs: RetryCallState) -> None:
+        _stage_transient(interp, item, coord, rs)
+        if shared.policy.per_step or interp._flush_due():
+            flush()
+
+    async def sleep(seconds: float) -> None:
+        if policy.sleep is not None:
+            waited = policy.sleep(seconds)
+            if inspect.isawaitable(waited):
+                await waited
+            else:
+                await asyncio.sleep(0)
+        elif seconds > 0:
+            await asyncio.sleep(seconds)  # cancelled when the run ends: no user code is called after
+
+    retrying = policy.async_retrying(
+        sleep=sleep, before=before, before_sleep=failed_attempt, retry_also=_not_contract_error
+    )
+    rs = failed_first(retrying, first)
+    report = interp.report
+    while True:
+        do = await retrying.iter(rs)
+        if isinstance(do, DoAttempt):
+            ctx = interp._ctx(item, coord)
+            report.invocations += 1
+            try:
+                rs.set_result((await step.fn(item.data, ctx), ctx))
+            except BaseException as exc:
+                _throttle(shared, exc)
+                rs.set_exception((type(exc), exc, exc.__traceback__))
+        elif isinstance(do, DoSleep):
+            rs.prepare_for_next_attempt()
+            await retrying.sleep(do)  # type: ignore[misc]
+        else:
+            return do

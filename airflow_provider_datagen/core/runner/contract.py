@@ -9,6 +9,7 @@ contract breaks it on every item, and each call may be paid for (a model call) w
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,14 @@ def is_contract_error(exc: BaseException) -> bool:
 def check_result_of(item_id: str, step: Step, result: Any) -> dict[str, Any]:
     """The fields a step returned, checked: a mapping of valid names to storable values."""
     if not isinstance(result, Mapping):
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: closed here, so Python does not warn about it later
+            raise broke_contract(
+                ProcessError(
+                    f"item {item_id!r}: step {step.name!r} returned a coroutine; declare the function itself "
+                    "`async def` (or give an object whose __call__ is async) so the runner awaits it"
+                )
+            )
         raise broke_contract(
             ProcessError(f"item {item_id!r}: step {step.name!r} returned a {type(result).__name__}; {CONTRACT_FIX}")
         )

@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.fold import fold_events
+from airflow_provider_datagen.core.runner.attempts import call_step
 from airflow_provider_datagen.core.runner.commit import Committer
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
 from airflow_provider_datagen.core.runner.failures import on_failure
@@ -68,7 +69,7 @@ class Runner(Committer):
         The same events in the same order as the general driver, without its per-item frame sets and
         dispatch: the profile of a no-op run showed them costing more than the item's log writes.
         """
-        step, coord, shape, done = self._leaf
+        step, coord, _, _ = self._leaf
         iid = src.item_id
         if replayed:
             self.report.replayed.append(iid)
@@ -76,11 +77,47 @@ class Runner(Committer):
         self.report.invocations += 1
         try:
             result = step.fn(src.data, ctx)
-            sets = self._check_result_of(iid, step, result) if result is not None else NO_FIELDS
+        except BaseException as exc:
+            self.fail_leaf(src, exc)
+            return
+        self.finish_leaf(src, ctx, result)
+
+    def run_fresh_leaf_guarded(self, src: SourceItem, replayed: bool) -> None:
+        """:meth:`run_fresh_leaf` with a retry policy or a rate limit: the call goes through attempts.py."""
+        step, coord, _, _ = self._leaf
+        if replayed:
+            self.report.replayed.append(src.item_id)
+        item = self._bare_item(src)
+        try:
+            result, ctx = call_step(self, item, step, coord)
+        except BaseException as exc:
+            self.fail_leaf(item, exc)
+            return
+        self.finish_leaf(item, ctx, result)
+
+    def fail_leaf(self, item: SourceItem | WorkItem, exc: BaseException) -> None:
+        """Stage the failure of the one-step pipeline's call for ``item``: a FAILED row; raises when it ends the run."""
+        work = item if isinstance(item, WorkItem) else self._bare_item(item)
+        # with a policy the row records the attempt that failed last (docs/adr/0008-in-place-retries.md)
+        attempt = work.attempt if self.shared.retry is not None else None
+        on_failure(self, work, StepFailure(work.item_id, self._leaf[1], exc, attempt))
+
+    def finish_leaf(self, item: SourceItem | WorkItem, ctx: ItemContext, result: Any) -> None:
+        """Stage a finished call of the one-step pipeline's step and acknowledge ``item``: the one place for it.
+
+        Its field deltas, STEP_COMPLETED and TERMINAL (completed, or filtered by the step), then the
+        acknowledgement and a commit when one is due; a result that breaks the contract fails the item
+        instead. Every driver of a one-step pipeline ends an item's call here: the sequential short
+        path, its guarded variant and the async driver (aio.py).
+        """
+        _, coord, shape, done = self._leaf
+        iid = item.item_id
+        try:
+            sets = self._check_result_of(iid, self.shared.pipeline, result) if result is not None else NO_FIELDS
             for name in sets:
                 ctx._mode_check(name, "set")
         except BaseException as exc:
-            on_failure(self, self._bare_item(src), StepFailure(iid, coord, exc))
+            self.fail_leaf(item, exc)
             return
         filtered, reason = ctx._filtered
         try:
@@ -89,7 +126,7 @@ class Runner(Committer):
             # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
             self.batch.add_shaped(iid, shape, None if filtered else done)
         except BaseException as exc:
-            on_failure(self, self._bare_item(src), exc)
+            on_failure(self, item if isinstance(item, WorkItem) else self._bare_item(item), exc)
             return
         self.steps += 1
         if filtered:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.events import StepCoord, fingerprint_of
 from airflow_provider_datagen.core.ids import child_item_id
-from airflow_provider_datagen.core.runner.attempts import call_with_retry
+from airflow_provider_datagen.core.runner.attempts import call_step
 from airflow_provider_datagen.core.runner.context import ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.contract import check_result_of
 from airflow_provider_datagen.core.runner.shared import StepSite
@@ -65,9 +65,10 @@ class Interpreter:
         self.steps = 0
         #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out)
         self._known_children: set[str] = set() if known_children is None else known_children
-        if shared.retry is not None:
-            # Bound once per interpreter, not tested per item: a run without a policy keeps its path.
-            self._run_leaf = self._run_leaf_retried  # type: ignore[method-assign]
+        if guarded(shared):
+            # Bound once per interpreter, not tested per item: a run without a policy, a rate limit or
+            # an async step keeps its path.
+            self._run_leaf = self._run_leaf_guarded  # type: ignore[method-assign]
 
     def new_batch(self) -> Batch:
         return self.shared.writer.new_batch()
@@ -294,20 +295,21 @@ class Interpreter:
         if ctx._filtered[0]:
             raise Filtered(ctx._filtered[1])
 
-    def _run_leaf_retried(self, item: WorkItem, step: Step, coord: StepCoord, frame: Any, shape: Any) -> None:
-        """:meth:`_run_leaf` with the run's retry policy: transient errors are retried in place (attempts.py)."""
+    def _run_leaf_guarded(self, item: WorkItem, step: Step, coord: StepCoord, frame: Any, shape: Any) -> None:
+        """:meth:`_run_leaf` with a retry policy, a rate limit or async steps: the call goes through attempts.py."""
         if frame in item.completed:
             return
         if self._flush_due():
             self.flush()
         try:
-            result, ctx = call_with_retry(self, item, step, coord)
+            result, ctx = call_step(self, item, step, coord)
             sets = self._check_result(item, step, result)
             if sets:
                 for name in sets:
                     ctx._mode_check(name, "set")
         except BaseException as exc:
-            raise StepFailure(item.item_id, coord, exc, attempt=item.attempt) from exc
+            attempt = item.attempt if self.shared.retry is not None else None
+            raise StepFailure(item.item_id, coord, exc, attempt=attempt) from exc
         self._complete(item, coord, sets, ctx._ops, frame, shape)
         if ctx._filtered[0]:
             raise Filtered(ctx._filtered[1])
@@ -416,6 +418,21 @@ class Interpreter:
 def step_names(step: Step) -> set[str]:
     """The names of ``step`` and of every step below it."""
     return {step.name}.union(*(step_names(c) for c in step.children()))
+
+
+def guarded(shared: RunShared) -> bool:
+    """Whether a leaf call goes through attempts.py: a retry policy, a rate limit, or async steps bridged."""
+    return (
+        shared.retry is not None
+        or shared.before_attempt is not None
+        or shared.on_throttled is not None
+        or shared.bridge is not None
+    )
+
+
+def has_async(step: Step) -> bool:
+    """Whether a leaf step under ``step`` (``step`` included) is async."""
+    return step.is_async or any(has_async(c) for c in step.children())
 
 
 def has_fanout(step: Step) -> bool:

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, check_redo_completed, classify
 from airflow_provider_datagen.core.ratelimit import RateLimit, open_limiter
 from airflow_provider_datagen.core.retry import RetryPolicy
+from airflow_provider_datagen.core.runner.aio import LoopThread, run_async
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, chunks, pulls
 from airflow_provider_datagen.core.runner.driver import Runner
-from airflow_provider_datagen.core.runner.interpreter import has_fanout
+from airflow_provider_datagen.core.runner.interpreter import guarded, has_async, has_fanout
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import DEFAULT_GROUP_SECONDS, CommitPolicy, RunShared
 from airflow_provider_datagen.core.runner.threads import run_pulls_concurrently
@@ -79,6 +80,12 @@ def run_items(
     merged in index order; permits keep the threads running user code at ``concurrency`` (an item
     waiting for its children holds none and runs those not yet started).
 
+    An ``async def`` process (or an object whose ``__call__`` is async) runs on an event loop in this
+    thread instead, up to ``concurrency`` calls in flight, with the same results; this thread stays the
+    only writer and acknowledges each item as its call returns, and the process's signal handlers (an
+    orchestrator's SIGTERM) run between acknowledgements. Async steps of a pipeline of several steps
+    are awaited on a loop thread of the run by the sync drivers above (docs/adr/0010-async-processes.md).
+
     An error raised by the user's code fails that item (a FAILED row; a rerun retries it) and the run
     goes on. The process breaking its contract (returning something other than a dict or None,
     invalid field names, values that are not JSON-serializable, in its return value or through
@@ -92,7 +99,7 @@ def run_items(
     ``rate_limit=RateLimit(...)`` takes a start from the budget shared by every process and thread
     naming the same ``key`` before each call of a leaf step (each attempt counts as one request), kept
     under the log's root on this host, or in ``rate_limit_storage`` (a Redis URI) across hosts; an
-    error carrying a Retry-After (a 429) puts the key in a cooldown every worker honours (see
+    error carrying a Retry-After (a 429), retried or not, puts the key in a cooldown every worker honours (see
     docs/adr/0009-shared-rate-limits.md).
 
     ``retry=RetryPolicy(...)`` retries a leaf step's transient errors in place: up to ``attempts``
@@ -130,9 +137,6 @@ def run_items(
             "run_items", "retry", retry, "is not a RetryPolicy", "pass RetryPolicy(...) (or RetryPolicy.from_dict(d))"
         )
     rate_limit = RateLimit.coerce(rate_limit, owner="run_items")
-    if rate_limit is not None and retry is None:
-        # the limiter's place is the attempt path: one attempt, nothing retried
-        retry = RetryPolicy(attempts=1)
     pipeline = as_pipeline(process_or_pipeline)
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
@@ -155,7 +159,15 @@ def run_items(
     if rate_limit is not None:
         limiter = open_limiter(rate_limit, root=str(log.root), storage_uri=rate_limit_storage)
         shared.before_attempt = limiter.acquire
+        shared.before_attempt_async = limiter.acquire_async
         shared.on_throttled = limiter.cooldown
+    # an async process (one step) runs on an event loop (aio.py); async steps of a larger pipeline are
+    # awaited on a loop thread of the run by the sync drivers
+    one_step = type(pipeline) is Step
+    async_process = one_step and pipeline.is_async
+    steps_loop = LoopThread() if not one_step and has_async(pipeline) else None
+    if steps_loop is not None:
+        shared.bridge = steps_loop.call
     runner = Runner(shared, report)
     by_id = {s.item_id: s for s in source}
     total = len(plan.pending)
@@ -178,9 +190,11 @@ def run_items(
         restart = [*plan.demoted, *plan.invalidated, *plan.fresh]
         replayed_restarts = set(plan.demoted)
         cap = max(policy.group, MIN_PULL)
-        # no frames, no fan-out, no retry: the driver's short path
-        one_step = type(pipeline) is Step and retry is None
-        if concurrency > 1 and (plan.replay or restart):
+        # no frames, no fan-out: the driver's short path (guarded by a retry policy or a rate limit)
+        run_leaf = runner.run_fresh_leaf if not guarded(shared) else runner.run_fresh_leaf_guarded
+        if async_process:
+            run_async(runner, writer, replays, restart, by_id, plan, concurrency, tick)
+        elif concurrency > 1 and (plan.replay or restart):
             # both phases in one pool: the replays first, then the pulls, with no drain between
             run_pulls_concurrently(runner, writer, replays, restart, by_id, plan, concurrency, tick)
         else:
@@ -194,7 +208,7 @@ def run_items(
                 runner.pull([(by_id[iid], None) for iid in chunk])
                 for iid in chunk:
                     if one_step:
-                        runner.run_fresh_leaf(by_id[iid], iid in replayed_restarts)
+                        run_leaf(by_id[iid], iid in replayed_restarts)
                     else:
                         runner.run_root(
                             by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq
@@ -212,6 +226,8 @@ def run_items(
         raise
     finally:
         gc.unfreeze()
+        if steps_loop is not None:
+            steps_loop.close()
         if limiter is not None:
             limiter.close()
     return report

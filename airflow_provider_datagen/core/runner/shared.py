@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable, Coroutine
     from concurrent.futures import ThreadPoolExecutor
 
     from airflow_provider_datagen.core.events import StepCoord
@@ -143,12 +143,20 @@ class RunShared:
     #: the threads running user code at ``concurrency`` (a root waiting for its children holds none)
     child_pool: ThreadPoolExecutor | None = None
     permits: threading.Semaphore | None = None
-    #: ``run_items(retry=...)``: leaf step calls are retried in place (attempts.py); None: today's path
+    #: ``run_items(retry=...)``: leaf step calls are retried in place (attempts.py); None: no retry
     retry: RetryPolicy | None = None
-    #: THE place a rate limiter's ``acquire()`` goes: called before every attempt of a leaf step call
-    #: on the retried path (attempts.py). None by default; a limiter needs ``retry`` set too (a policy
-    #: of ``attempts=1`` when nothing is retried), so runs without either keep the unguarded path.
+    #: THE place a rate limiter's ``acquire()`` goes: called before every attempt of a leaf step call,
+    #: the first included (attempts.py). None by default: a run without a limiter or a policy keeps the
+    #: unguarded path, which does nothing of this per item.
     before_attempt: Callable[[], Any] | None = None
-    #: with a rate limit: called with the wait an error asked for (Retry-After, a 429), so every
-    #: worker on the limit's key cools down
+    #: the same for an async step's attempt, awaited on the event loop (the limiter's non-blocking acquire)
+    before_attempt_async: Callable[[], Awaitable[Any]] | None = None
+    #: with a rate limit: called with the wait an error asked for (Retry-After, a 429), retried or not,
+    #: so every worker on the limit's key cools down
     on_throttled: Callable[[float], Any] | None = None
+    #: a pipeline of several steps with async ones: runs an async step's coroutine on the run's event
+    #: loop thread and returns its result (aio.py, ``LoopThread``); None: no async step, or a one-step
+    #: async process (the async driver awaits it itself)
+    bridge: Callable[[Coroutine[Any, Any, Any]], Any] | None = None
+    #: a budget's check before a new root item starts (None: no check; see the usage ledger)
+    stop_pulling: Callable[[], bool] | None = None

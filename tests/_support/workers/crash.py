@@ -15,6 +15,11 @@ Kill modes (``--kill-after K``):
 - ``before-commit``: die just before the K-th commit is written (its batch is lost).
 
 ``--sleep-ms`` slows each invocation so a parent can SIGKILL the worker after a random delay instead.
+
+``--async-process`` runs the flat process as ``async def`` (its sleep an ``asyncio.sleep``), so
+``--concurrency N`` puts N calls in flight on the event loop. ``--transient`` makes every fifth item
+fail its first attempt with a TimeoutError under ``retry=RetryPolicy(attempts=3)``; kill mode
+``backoff`` then dies in the K-th backoff wait (after its transient row was staged).
 The pipelines come from :mod:`tests._support.engine`, so an in-process baseline runs the same
 deterministic code. Exit status -9 (killed) is the expected outcome of every mode but ``none``.
 """
@@ -44,7 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", default="none", help="an int, or 'none' for group commit")
     p.add_argument("--kill-after", type=int, default=0)
     p.add_argument(
-        "--kill-mode", default="none", choices=["none", "invocation", "emit", "pull", "commit", "before-commit"]
+        "--kill-mode",
+        default="none",
+        choices=["none", "invocation", "emit", "pull", "commit", "before-commit", "backoff"],
     )
     p.add_argument(
         "--kind", default="flat", choices=["flat", "steps", "nested", "looped"], help="which deterministic pipeline"
@@ -55,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--writer-id", default="crash-worker")
     p.add_argument("--salt", default="", help="changes every item's content (an edited source)")
     p.add_argument("--concurrency", type=int, default=1, help="run_items(concurrency=N): items in threads")
+    p.add_argument("--async-process", action="store_true", help="the flat process as async def")
+    p.add_argument("--transient", action="store_true", help="every fifth item fails its first attempt (retried)")
     return p.parse_args(argv)
 
 
@@ -66,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     from tests._support import engine as h
 
     mode, k = args.kill_mode, args.kill_after
-    counts = {"invocations": 0, "emits": 0, "pulls": 0, "commits": 0}
+    counts = {"invocations": 0, "emits": 0, "pulls": 0, "commits": 0, "waits": 0}
 
     class KillingRecorder(h.Recorder):
         def __call__(self, ctx: Any) -> None:
             if mode == "invocation" and counts["invocations"] >= k:
                 _die()
             counts["invocations"] += 1
-            if args.sleep_ms:
+            if args.sleep_ms and not args.async_process:
                 time.sleep(args.sleep_ms / 1000.0)
             super().__call__(ctx)
 
@@ -117,15 +126,37 @@ def main(argv: list[str] | None = None) -> int:
     ce = None if args.checkpoint_every in ("none", "None", "") else int(args.checkpoint_every)
     epoch = args.epoch if args.epoch is not None else log.next_epoch()
     recorder = KillingRecorder()
+    pipeline = h.build_pipeline(args.kind, recorder, emit)
+    if args.transient:
+        pipeline = h.transient_first_attempts(pipeline)
+    if args.async_process:
+        pipeline = h.as_async(pipeline, args.sleep_ms / 1000.0)
+    retry = None
+    if args.transient:
+        from airflow_provider_datagen.core import RetryPolicy
+
+        def sleep(seconds: float) -> Any:
+            counts["waits"] += 1
+            if mode == "backoff" and counts["waits"] >= k:
+                _die()  # in the wait: the transient row is staged (committed with checkpoint_every=1)
+            if args.async_process:
+                import asyncio
+
+                return asyncio.sleep(0.01)
+            time.sleep(0.01)
+            return None
+
+        retry = RetryPolicy(attempts=3, retry_on=(TimeoutError,), backoff=30.0, max_backoff=30.0, sleep=sleep)
     report = run_items(
         log,
         h.make_items(args.n_items, salt=args.salt),
-        h.build_pipeline(args.kind, recorder, emit),
+        pipeline,
         checkpoint_every=ce,
         writer_id=args.writer_id,
         epoch=epoch,
         checkpoint_interval=3600.0,
         concurrency=args.concurrency,
+        retry=retry,
     )
     print(json.dumps({"killed": False, **report.as_dict(), "counts": counts}))
     return 0

@@ -59,8 +59,19 @@ def flat_process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
     return {"upper": text.upper(), "score": len(text) * int(item["w"]), "key": ctx.key}
 
 
+def run_kwargs(kind: str) -> dict[str, Any]:
+    """``async``: eight calls in flight on the event loop, retrying the transient first attempts in place."""
+    if kind != "async":
+        return {}
+    from airflow_provider_datagen.core import RetryPolicy
+
+    return {"concurrency": 8, "retry": RetryPolicy(attempts=3, retry_on=(TimeoutError,), backoff=0.001, jitter=False)}
+
+
 def build_pipeline(kind: str, counter: Any = None) -> Any:
-    """``flat``: one leaf. ``steps``: a Sequence with a Loop, a MapReduce fan-out and a Conditional."""
+    """``flat``: one leaf. ``steps``: a Sequence with a Loop, a MapReduce fan-out and a Conditional.
+    ``async``: the flat leaf as ``async def``, every fifth item failing its first attempt (a transient
+    TimeoutError retried in place, see :func:`run_kwargs`)."""
 
     def hooked(fn: Any) -> Any:
         def call(*args: Any) -> Any:
@@ -72,6 +83,18 @@ def build_pipeline(kind: str, counter: Any = None) -> Any:
 
     if kind == "flat":
         return hooked(flat_process)
+    if kind == "async":
+        import asyncio
+
+        async def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+            if counter is not None:
+                counter()  # every attempt is an invocation (a kill point too)
+            await asyncio.sleep(0.001 * (item["id"] % 3))
+            if item["id"] % 5 == 0 and ctx.attempt == 1:
+                raise TimeoutError(f"transient error of {ctx.item_id}")
+            return flat_process(item, ctx)
+
+        return process
     from airflow_provider_datagen.core import Conditional, Loop, MapReduce, Sequence, Step
 
     def parse(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
@@ -194,6 +217,7 @@ def _attempt(req: dict[str, Any], crash: dict[str, Any], signal_fd: int) -> None
         writer_id=f"attempt-{os.getpid()}",
         epoch=log.next_epoch(),
         checkpoint_interval=3600.0,
+        **run_kwargs(req["kind"]),
     )
     if counts["signalled"]:
         time.sleep(5)  # the kill point was reached near the very end: let the server's kill land
@@ -225,6 +249,7 @@ def _resume(req: dict[str, Any]) -> dict[str, Any]:
         writer_id="resume",
         epoch=log.next_epoch(),
         checkpoint_interval=3600.0,
+        **run_kwargs(req["kind"]),
     )
     summary = log.summary()
     again = plan_resume(log, items)

@@ -1,10 +1,11 @@
 """Crash schedules: ``run_items`` SIGKILLed at Hypothesis-chosen points, then resumed, equals the baseline.
 
-Each schedule is one to three attempts of a 30- or 70-item run, each attempt killed with SIGKILL at a
-point drawn by Hypothesis: a user-function call, right after an inbox pull commit (before its acks),
-right before or after a commit, inside a Lance append (the server kills the child a random 0-20 ms after
-the append starts), inside ``maintain()``, or at a random wall-clock time. A clean resume then runs in a
-fresh process. For every schedule:
+Each schedule is one to three attempts of a 30- or 70-item run (a flat process, a step pipeline, or an
+async process with eight calls in flight whose every fifth item is retried in place), each attempt
+killed with SIGKILL at a point drawn by Hypothesis: a user-function call, right after an inbox pull
+commit (before its acks), right before or after a commit, inside a Lance append (the server kills the
+child a random 0-20 ms after the append starts), inside ``maintain()``, or at a random wall-clock time.
+A clean resume then runs in a fresh process. For every schedule:
 
 - the export fingerprint equals the uninterrupted baseline's (``export_results``);
 - the resume invoked exactly the items that were not acknowledged before it (nothing acked is redone);
@@ -125,8 +126,8 @@ def pool() -> Iterator[Pool]:
 
 def _estimated(kind: str, n: int, ce: int | None) -> tuple[int, int]:
     """Rough (commits, invocations) of one uninterrupted run, to scale the drawn kill points."""
-    invocations = n * (1 if kind == "flat" else 7)
-    per_item = 1 + (n if kind == "flat" else invocations)
+    invocations = round(n * {"flat": 1, "async": 1.2}.get(kind, 7))  # async: every fifth item retried once
+    per_item = 1 + (n if kind in ("flat", "async") else invocations)
     commits = per_item if ce == 1 else 1 + -(-n // (ce or 512)) + (n > 64)
     return commits, invocations
 
@@ -151,7 +152,7 @@ def crash_attempt(draw: st.DrawFn, kind: str, n: int) -> dict[str, Any]:
 
 @st.composite
 def schedule(draw: st.DrawFn) -> dict[str, Any]:
-    kind = draw(st.sampled_from(["flat", "flat", "flat", "steps"]))
+    kind = draw(st.sampled_from(["flat", "flat", "flat", "steps", "async"]))
     n = draw(st.sampled_from([30, 30, 30, 30, 70]))
     crashes = draw(st.lists(crash_attempt(kind, n), min_size=1, max_size=3))
     return {
@@ -172,7 +173,7 @@ def _every_mode_once() -> list[dict[str, Any]]:
             delay = {"wall": 40_000 * (j + 1), "in_maintain": 5_000 * j}.get(mode, 200 * (j + 1) * (i + 1))
             out.append(
                 {
-                    "kind": "steps" if (i + j) % 3 == 0 else "flat",
+                    "kind": ["steps", "async", "flat"][(i + j) % 3],
                     "n_items": 30,
                     "crashes": [{"mode": mode, "checkpoint_every": ce, "k": k, "delay_us": delay}],
                     "resume_checkpoint_every": CHECKPOINT_EVERY[(j + 1) % 4],
@@ -239,7 +240,7 @@ def test_crash_schedules_resume_to_the_uninterrupted_export(
             "export": str(tmp_path / f"out{sid}.lance"),
         }
 
-    kinds = [("flat", 30), ("steps", 30), ("flat", 70), ("steps", 70)]
+    kinds = [("flat", 30), ("steps", 30), ("flat", 70), ("steps", 70), ("async", 30), ("async", 70)]
     base_replies = pool.run_all(
         [request({"kind": k, "n_items": n, "crashes": [], "resume_checkpoint_every": None}) for k, n in kinds]
     )
@@ -247,8 +248,11 @@ def test_crash_schedules_resume_to_the_uninterrupted_export(
     for (k, n), reply in zip(kinds, base_replies):
         assert reply["resume"]["ok"], reply
         value = reply["resume"]["value"]
-        assert value["rows"] == n and value["invocations"] == n * (1 if k == "flat" else 7)
+        calls = {"flat": n, "async": n + len(range(0, n, 5))}.get(k, n * 7)  # async: every fifth item twice
+        assert value["rows"] == n and value["invocations"] == calls
         baseline[(k, n)] = value["fingerprint"]
+    # the async process computes the flat one's output: the same export
+    assert baseline[("async", 30)] == baseline[("flat", 30)] and baseline[("async", 70)] == baseline[("flat", 70)]
 
     stats = {"tried": 0, "passed": 0, "attempts": 0, "killed": 0, "orphan_schedules": 0, "modes": {}}
     failures: list[str] = []

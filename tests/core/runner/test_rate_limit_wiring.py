@@ -79,3 +79,88 @@ def test_a_malformed_rate_limit_is_refused_before_anything_is_written(tmp_path: 
     with pytest.raises(ConfigurationError, match=r"^run_items: rate_limit=.* is not a RateLimit, a dict or None"):
         run_items(log, _items(2), lambda item, ctx: None, rate_limit=600)  # type: ignore[arg-type]
     assert not log.exists()
+
+
+class _Throttled(Exception):
+    """A 429 whose Retry-After is an attribute (seconds)."""
+
+    retry_after = 2.0
+
+
+def _blocked_and_charged(log: Any, key: str) -> tuple[float, int]:
+    """The key's cooldown deadline, and the requests left of a budget of 20 (taken to see the charges)."""
+    other = open_limiter(RateLimit(20, key=key), root=str(log.root))
+    try:
+        blocked = other.blocked_until()
+        left = next(n for n in range(20, 0, -1) if other.try_acquire(cost_requests=n)) if not blocked else -1
+        return blocked, left
+    finally:
+        other.close()
+
+
+def test_a_rate_limit_alone_takes_the_limiters_own_hook_not_a_one_attempt_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_datagen.core.runner import attempts
+
+    def no_tenacity(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a run with a rate limit and no retry must not build a tenacity Retrying")
+
+    monkeypatch.setattr(attempts, "failed_first", no_tenacity)
+    monkeypatch.setattr(RetryPolicy, "retrying", no_tenacity)
+    seen: list[int] = []
+
+    def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        seen.append(ctx.attempt)
+        if item["v"] == 1:
+            raise TimeoutError("not retried: no policy")
+        return {"v": item["v"]}
+
+    log = open_log(tmp_path, "alone")
+    report = run_items(log, _items(3), process, rate_limit=RateLimit(20, key="alone"))
+    assert report.as_dict()["processed"] == 2 and report.as_dict()["failed"] == 1 and seen == [1, 1, 1]
+    # the failed row is that of a run without a policy: no attempt payload, not transient
+    (record,) = log.failures()
+    assert (record.error_type, record.transient, record.attempt) == ("TimeoutError", False, None)
+    assert _blocked_and_charged(log, "alone") == (0.0, 17)  # three calls took three starts
+
+
+def test_a_429_that_is_not_retried_still_cools_the_key_down(tmp_path: Path) -> None:
+    def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        raise _Throttled("429 Too Many Requests")
+
+    log = open_log(tmp_path, "cool")
+    started = time.time()
+    report = run_items(log, _items(1), process, rate_limit=RateLimit(20, key="cool"))
+    assert report.as_dict()["failed"] == 1
+    blocked, _ = _blocked_and_charged(log, "cool")
+    assert blocked >= started + 2.0
+    # with a policy whose retry_on does not name it, the same
+    log2 = open_log(tmp_path, "cool2")
+    started = time.time()
+    policy = RetryPolicy(attempts=3, retry_on=(KeyError,), sleep=lambda s: None)
+    run_items(log2, _items(1), process, retry=policy, rate_limit=RateLimit(20, key="cool2"))
+    assert _blocked_and_charged(log2, "cool2")[0] >= started + 2.0
+
+
+def test_an_async_process_takes_its_starts_without_blocking_the_loop(tmp_path: Path) -> None:
+    import asyncio
+
+    async def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        if item["v"] == 2:
+            raise _Throttled("429")
+        return {"v": item["v"]}
+
+    log = open_log(tmp_path, "async")
+    started = time.time()
+    report = run_items(log, _items(4), process, rate_limit=RateLimit(20, key="async"), concurrency=4)
+    assert report.as_dict()["processed"] == 3 and report.as_dict()["failed"] == 1
+    blocked, _ = _blocked_and_charged(log, "async")
+    assert blocked >= started + 2.0  # the 429 of the async call cooled the key down
+    other = open_limiter(RateLimit(20, key="async"), root=str(log.root), clock=lambda: time.time() + 3.0)
+    try:
+        assert not other.try_acquire(cost_requests=17)  # four calls took four starts
+        assert other.try_acquire(cost_requests=16)
+    finally:
+        other.close()

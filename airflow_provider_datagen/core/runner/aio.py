@@ -1,0 +1,364 @@
+"""Async processes: ``run_items`` with an ``async def`` process on an event loop (see docs/adr/0010-async-processes.md).
+
+A one-step pipeline whose function is async runs on an event loop in the calling thread, up to
+``concurrency`` calls in flight (a task per item). That thread stays the only writer of the log: a
+task only awaits the user's call (with its retries); the driver coroutine acknowledges each item as
+it finishes, through the same :meth:`Runner.finish_leaf` as the sequential path, and makes the pulls
+and commits between two awaits. A commit stalls the loop only while a previous pipelined append is
+still being written. A signal handler of the process (an orchestrator's SIGTERM) runs in the driver,
+between acknowledgements, so its error ends the run exactly where the thread driver's would.
+
+A pipeline of several steps with async ones keeps the sync drivers: each async step's coroutine runs
+on a :class:`LoopThread` of the run, which the calling thread waits for (``RunShared.bridge``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import signal
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_datagen.core.runner.attempts import call_step_async
+from airflow_provider_datagen.core.runner.commit import MIN_PULL, pulls
+from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
+from airflow_provider_datagen.core.runner.interpreter import COMPLETED, guarded
+from airflow_provider_datagen.core.runner.signals import RunEnded
+from airflow_provider_datagen.core.runner.threads import RootJob
+from airflow_provider_datagen.exceptions import ItemFailedError, ProcessContractError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine, Iterable, Iterator
+
+    from airflow_provider_datagen.core.fold import ItemState
+    from airflow_provider_datagen.core.planner import ResumePlan
+    from airflow_provider_datagen.core.runner.driver import Runner
+    from airflow_provider_datagen.core.sources import SourceItem
+    from airflow_provider_datagen.core.store.writer import LogWriter
+
+#: signals whose Python handler (an orchestrator's: it raises) is run by the driver, not inside a task
+_HANDLED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGALRM") if hasattr(signal, name))
+
+
+def root_jobs(
+    runner: Runner,
+    writer: LogWriter,
+    replays: Iterable[tuple[SourceItem, ItemState]],
+    restart: list[str],
+    by_id: dict[str, SourceItem],
+    plan: ResumePlan,
+) -> Iterator[RootJob]:
+    """The inbox replays, then the restarted and fresh items, each pull committed as it is reached.
+
+    Consumed as items start: the first pull happens once the last replay started, the next once the
+    previous pull's items all started (no idle tail), and each pull's inbox commit precedes its items.
+    """
+    shared = runner.shared
+    replayed_restarts = set(plan.demoted)
+    cap = max(shared.policy.group, MIN_PULL)
+    for src, state in replays:
+        yield RootJob(src, state, True, False)
+    if shared.policy.pipelined:
+        runner.ack_bound = cap + 1  # as run_items' sequential path: each pull's acks commit with the next
+    for chunk in pulls(restart, cap, shared.policy.interval):
+        writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
+        runner.pull([(by_id[iid], None) for iid in chunk])
+        for iid in chunk:
+            yield RootJob(by_id[iid], None, iid in replayed_restarts, iid in plan.last_seq)
+
+
+class AsyncDriver:
+    """Drives a one-step async process's root items on an event loop; the loop's thread writes the log."""
+
+    def __init__(self, runner: Runner, concurrency: int, tick: Callable[[], None]) -> None:
+        self.runner = runner
+        self.concurrency = concurrency
+        self.tick = tick
+        #: a commit that failed inside a task (a retry's transient row before its wait): ends the run
+        self.fatal: BaseException | None = None
+        self._wake: asyncio.Event | None = None
+        self._signals: deque[int] = deque()
+
+    def flush_from_task(self) -> None:
+        """Commit from inside a task (same thread); a failure ends the run in the driver, not the item."""
+        try:
+            self.runner.flush()
+        except BaseException as exc:
+            if self.fatal is None:
+                self.fatal = exc
+            if self._wake is not None:
+                self._wake.set()
+            raise RunEnded("the run ended while committing this item's progress") from exc
+
+    async def run(self, jobs: Iterator[RootJob]) -> None:
+        """Start items up to ``concurrency`` in flight, acknowledge each as it finishes (completion order)."""
+        runner, shared = self.runner, self.runner.shared
+        step, coord, _, _ = runner._leaf
+        fn = step.fn
+        report = runner.report
+        loop = asyncio.get_running_loop()
+        wake = self._wake = asyncio.Event()
+        finished: deque[asyncio.Future[Any]] = deque()
+        #: task -> (the item as the runner knows it, the context of a plain call or None)
+        inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | None]] = {}
+        plain = not guarded(shared)
+        stop_pulling = shared.stop_pulling
+        stopped: ItemFailedError | ProcessContractError | None = None
+        exhausted = False
+        clean = False  # the batch holds whole acknowledgements only (the driver is between two of them)
+
+        def done(task: asyncio.Future[Any]) -> None:
+            finished.append(task)
+            wake.set()
+
+        originals = self._intercept_signals(loop)
+        try:
+            while True:
+                while finished:
+                    task = finished.popleft()
+                    item, ctx = inflight.pop(task)
+                    try:
+                        self._settle(task, item, ctx)
+                    except (ItemFailedError, ProcessContractError) as err:
+                        # fail_fast, or the contract broken once too often: start nothing more, but
+                        # acknowledge what is already running (its work is paid for), as threads do
+                        if stopped is None:
+                            stopped = err
+                    self.tick()
+                if self.fatal is not None:
+                    raise self.fatal
+                if self._signals:
+                    clean = True
+                    sig = self._signals.popleft()
+                    handler = originals.get(sig)
+                    if callable(handler):
+                        handler(sig, inspect.currentframe())  # an orchestrator's handler raises: the run ends
+                    clean = False
+                    continue
+                if stopped is None and not exhausted and len(inflight) < self.concurrency:
+                    if stop_pulling is not None and stop_pulling():
+                        exhausted = True  # a budget ran out: items in flight finish, no new one starts
+                        continue
+                    job = next(jobs, None)
+                    if job is None:
+                        exhausted = True
+                        continue
+                    self._start(job, fn, coord, plain, inflight, done, report)
+                    continue
+                if not inflight:
+                    break
+                wake.clear()
+                clean = True
+                await wake.wait()
+                clean = False
+        except BaseException:
+            # A run-ending error (a reraise type, a signal's, a failed commit): items in flight are not
+            # acknowledged (they replay next run) and are cancelled, so no user code runs after us.
+            for task in inflight:
+                task.cancel()
+            if clean and self.fatal is None:
+                runner.flush()  # it arrived between acknowledgements: keep them, as run_root's handler does
+            raise
+        finally:
+            self._restore_signals(loop, originals)
+        if stopped is not None:
+            runner.flush()
+            raise stopped
+
+    def _start(
+        self,
+        job: RootJob,
+        fn: Callable[..., Any],
+        coord: Any,
+        plain: bool,
+        inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | None]],
+        done: Callable[[asyncio.Future[Any]], None],
+        report: Any,
+    ) -> None:
+        runner = self.runner
+        src, state, replayed, _ = job
+        iid = src.item_id
+        if replayed:
+            report.replayed.append(iid)
+        item: SourceItem | WorkItem
+        ctx: ItemContext | None = None
+        if state is None:
+            item = src if plain else runner._bare_item(src)
+        else:
+            # an inbox replay: the attempt numbers go on from the log (and a call that completed before
+            # a crash, whose TERMINAL was lost, is only acknowledged, as the general driver would)
+            item = WorkItem.start(iid, src.key, src.data, src.fingerprint, state, {})
+            if runner._coord(runner.shared.pipeline, None, None, None).frame in item.completed:
+                runner.acknowledge(iid, COMPLETED, None)
+                self.tick()
+                return
+        try:
+            if plain:
+                if isinstance(item, WorkItem):
+                    ctx = ItemContext(iid, item.key, item.fingerprint, item.attempt, item.fields, coord, item.modes)
+                else:
+                    ctx = ItemContext(iid, src.key, src.fingerprint, 1, NO_FIELDS, coord, NO_FIELDS)
+                report.invocations += 1
+                task = asyncio.ensure_future(fn(src.data, ctx))
+            else:
+                assert isinstance(item, WorkItem)
+                task = asyncio.ensure_future(
+                    call_step_async(runner, item, runner.shared.pipeline, coord, self.flush_from_task)
+                )
+        except BaseException as exc:  # the call itself raised, or gave no awaitable
+            runner.fail_leaf(item, exc)
+            self.tick()
+            return
+        inflight[task] = (item, ctx)
+        task.add_done_callback(done)
+
+    def _settle(self, task: asyncio.Future[Any], item: SourceItem | WorkItem, ctx: ItemContext | None) -> None:
+        """Acknowledge a finished task's item: its result through finish_leaf, or its failure."""
+        runner = self.runner
+        exc = asyncio.CancelledError() if task.cancelled() else task.exception()
+        if exc is not None:
+            if isinstance(exc, RunEnded):
+                assert self.fatal is not None
+                raise self.fatal
+            runner.fail_leaf(item, exc)
+            return
+        result = task.result()
+        if ctx is None:  # the guarded call returns the context of the attempt that returned
+            result, ctx = result
+        assert ctx is not None
+        runner.finish_leaf(item, ctx, result)
+
+    def _intercept_signals(self, loop: asyncio.AbstractEventLoop) -> dict[int, Any]:
+        """Run the process's Python signal handlers in the driver, not wherever the loop happens to be.
+
+        A handler raising inside a task would fail that one item, and inside a plain callback asyncio
+        would log and drop its error: an orchestrator's SIGTERM must end the run, as it does with
+        threads. Only handlers that are Python callables are taken over (the default and ignore
+        dispositions are left alone); the originals are restored when the driver ends.
+        """
+        originals: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return originals
+        for sig in _HANDLED:
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                originals[sig] = handler
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        return originals
+
+    def _on_signal(self, sig: int) -> None:
+        self._signals.append(sig)
+        if self._wake is not None:
+            self._wake.set()
+
+    @staticmethod
+    def _restore_signals(loop: asyncio.AbstractEventLoop, originals: dict[int, Any]) -> None:
+        for sig, handler in originals.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+
+
+def run_async(
+    runner: Runner,
+    writer: LogWriter,
+    replays: Iterable[tuple[SourceItem, ItemState]],
+    restart: list[str],
+    by_id: dict[str, SourceItem],
+    plan: ResumePlan,
+    concurrency: int,
+    tick: Callable[[], None],
+) -> None:
+    """``run_items`` for a one-step async process: every item through :class:`AsyncDriver` on a new event loop."""
+    driver = AsyncDriver(runner, concurrency, tick)
+    run_coroutine(driver.run(root_jobs(runner, writer, replays, restart, by_id, plan)))
+
+
+def run_coroutine(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on a new event loop in this thread; what is left of its tasks is cancelled after.
+
+    Called from inside a running loop (a notebook), the loop runs in a helper thread instead, which
+    is then the only writer while this thread waits.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        outcome: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                run_coroutine(main)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        helper = threading.Thread(target=target, name="datagen-loop")
+        helper.start()
+        helper.join()
+        if outcome:
+            raise outcome[0]
+        return
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main)
+    finally:
+        try:
+            _cancel_all(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = asyncio.all_tasks(loop)
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+class LoopThread:
+    """An event loop in a thread of its own, for the async steps of a pipeline run by the sync drivers.
+
+    :meth:`call` runs one step's coroutine on it and waits in the calling thread (the main thread, or
+    an item's worker with ``concurrency``), so calls from many workers overlap on the one loop.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name="datagen-steps-loop", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Await ``coro`` on the loop and return its result (or raise its error) here."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # a signal or the end of the run in this thread: the step stops too
+            raise
+
+    def close(self) -> None:
+        """Cancel what still runs on the loop, stop it and join its thread."""
+
+        async def _shutdown() -> None:
+            current = asyncio.current_task()
+            rest = [t for t in asyncio.all_tasks() if t is not current]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+            await self.loop.shutdown_asyncgens()
+
+        if self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(_shutdown(), self.loop).result()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
