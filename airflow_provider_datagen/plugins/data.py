@@ -29,6 +29,7 @@ from airflow_provider_datagen.core.status import FAILED, failed_mask
 from airflow_provider_datagen.core.store.paths import CHECKPOINTS_DIR, LOG_DIR, ExperimentRef, list_experiments
 from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, NotFoundError
 from airflow_provider_datagen.hooks.datagen import DatagenHook, redact_uri
+from airflow_provider_datagen.plugins.access import Writers
 from airflow_provider_datagen.plugins.cache import VersionedCache
 from airflow_provider_datagen.plugins.item_view import RESOLVED_STATUSES, iso, item_data
 from airflow_provider_datagen.plugins.ti_view import TaskInstanceKey, current_status, scan_task_instance
@@ -112,6 +113,8 @@ class Reader:
         self._failures = VersionedCache()
         self._ti = VersionedCache(size=32)
         self._items = VersionedCache(size=64)
+        # one entry per experiment: the index page asks for every experiment on each request
+        self._writers = VersionedCache(size=4096)
 
     @property
     def shown_root(self) -> str:
@@ -153,6 +156,19 @@ class Reader:
                 "experiment names or the datagen connection's root"
             )
         return event_log, version
+
+    # -- access --------------------------------------------------------------------------------
+
+    def writers(self, pipeline: str, experiment: str, opened: Opened | None = None) -> Writers:
+        """The Dags that wrote an experiment (one scan of the ``dag_id`` column, cached per version)."""
+        event_log, version = opened or self.open(pipeline, experiment)
+
+        def compute() -> Writers:
+            column = event_log.scan(["dag_id"])["dag_id"]
+            dag_ids = pc.unique(column.drop_null()).to_pylist() if column.null_count < len(column) else []
+            return Writers(frozenset(dag_ids), outside=column.null_count > 0)
+
+        return self._writers.get((pipeline, experiment, version), compute)
 
     # -- experiment level ----------------------------------------------------------------------
 
