@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 MAX_BUCKETS = 120
 CHART_WIDTH = 720
 CHART_HEIGHT = 140
+MAX_BAR = 14.0
 _MINUTE_US = 60_000_000
 
 
@@ -128,10 +129,11 @@ def _chart(buckets: list[dict[str, Any]]) -> dict[str, Any]:
     """The geometry of the chart: one bar pair per bucket, scaled to the highest rate."""
     peak = max(max(b["completed_per_minute"], b["failures_per_minute"]) for b in buckets) or 1.0
     step = CHART_WIDTH / len(buckets)
-    bar = max(1.0, step / 2 - 0.5)
+    # two bars per bucket, side by side and centred; a run of a few minutes keeps thin bars
+    bar = min(MAX_BAR, max(1.0, step / 2 - 0.5))
     bars = []
     for i, b in enumerate(buckets):
-        x = i * step
+        x = i * step + (step - 2 * bar) / 2
         for kind, rate, dx in (
             ("completed", b["completed_per_minute"], 0.0),
             ("failed", b["failures_per_minute"], bar),

@@ -9,7 +9,8 @@ throughput and next-run panels), the "Datagen" tab of ``generate [0]`` and an it
 beside its output, its usage), and the test asserts the counts and item ids the pages show. A fresh
 browser context without the session cookie is refused by the plugin's routes (401).
 
-Screenshots of every step go to the test's ``tmp_path`` (their paths are printed; ``pytest -s``).
+Screenshots of every step go to the test's ``tmp_path``, or to ``$DATAGEN_SCREENSHOTS`` when set
+(pytest prunes old tmp dirs); their paths are printed (``pytest -s``).
 Every Chromium process is recorded by PID and checked to be gone at teardown.
 """
 
@@ -140,6 +141,10 @@ class Shots:
     """Numbered screenshots under the test's tmp dir."""
 
     def __init__(self, directory: Path) -> None:
+        kept = os.environ.get("DATAGEN_SCREENSHOTS")
+        if kept:
+            directory = Path(kept) / directory.name
+            directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.paths: list[Path] = []
 
@@ -396,7 +401,7 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     if offsite:
         print(f"aborted off-site requests: {offsite}")
     context.close()
-    print(f"ui browser test: {time.monotonic() - started:.1f} s, screenshots in {tmp_path}")
+    print(f"ui browser test: {time.monotonic() - started:.1f} s, screenshots in {shots.directory}")
 
 
 def test_plugin_pages_without_session_are_refused(
