@@ -1,15 +1,18 @@
 """The FastAPI app the datagen plugin mounts at ``/datagen`` in the Airflow API server.
 
 Authentication and authorization are Airflow's own: a plugin app gets neither by default, so every
-route depends on ``requires_access_dag(method="GET")``. That dependency resolves the user from an
+route resolves the user with the API server's ``get_user`` dependency. That resolves the user from an
 ``Authorization: Bearer`` header or, failing that, from the UI's ``_token`` session cookie (the
 cookie is scoped to the API server's base path, so the browser sends it to ``/datagen`` too, which is
 how the iframe tab works with the UI's session); no token is 401, a bad one 403.
 
-The dag_id it authorizes comes from the path or the query string. Experiment pages have none, so
-they need read access to Dags in general; the task-instance pages carry it in the path and need read
-access to that Dag's task instances. A ``dag_id`` query parameter on the experiment routes is refused
-(400): it would otherwise narrow the check to one Dag the caller may read.
+Experiment pages are authorized per Dag (:mod:`.access`): a user who may read no Dag at all is
+refused (403); otherwise the index lists exactly the experiments whose writing Dags the user may
+read, and every page, JSON route and blob of another experiment is 403, whether it exists or not (so
+a refusal does not tell which names exist). A ``dag_id`` query parameter on the experiment routes is
+refused (400): authorization comes from the Dags that wrote the experiment, never from the request.
+The task-instance pages carry the dag_id in the path and need read access to that Dag's task
+instances (``requires_access_dag``).
 
 Routes are synchronous on purpose: Lance reads block, and FastAPI runs sync routes in its threadpool.
 """
@@ -22,12 +25,13 @@ import re
 from typing import Annotated, Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from airflow_provider_datagen.exceptions import DatagenError, NotFoundError
 from airflow_provider_datagen.plugins import pages
+from airflow_provider_datagen.plugins.access import DagAccess
 from airflow_provider_datagen.plugins.data import (
     MAX_PAGE_SIZE,
     STATUS_FILTERS,
@@ -48,8 +52,42 @@ def _refuse_dag_id_query(request: Request) -> None:
         raise HTTPException(
             400,
             "dag_id is not a parameter of this route; experiment pages are authorized "
-            "against read access to Dags in general",
+            "against the Dags that wrote the experiment",
         )
+
+
+def _dag_access(user: GetUserDep) -> DagAccess:
+    access = DagAccess.for_user(user)
+    # Sync on purpose (FastAPI runs it in the threadpool): FAB's answers may read the metadata DB.
+    if not access.may_list():
+        raise HTTPException(403, "Forbidden: you may not read any Dag")
+    return access
+
+
+Access = Annotated[DagAccess, Depends(_dag_access)]
+
+
+def _authorize(reader: Reader, access: DagAccess, pipeline: str, experiment: str) -> None:
+    """Refuse (403) an experiment the user may not read, and one that does not exist unless they may
+    read all Dags (only they can tell a missing experiment from a forbidden one)."""
+    if access.all_dags():
+        return
+    try:
+        writers = reader.writers(pipeline, experiment)
+    except NotFoundError:
+        writers = None
+    if writers is None or not access.may_read(writers):
+        raise HTTPException(
+            403,
+            f"Forbidden: experiment {pipeline!r}/{experiment!r} is not one you may read (its events were "
+            "written by Dags you may not read, outside any Dag, or it does not exist)",
+        )
+
+
+def _reader_for(access: DagAccess, pipeline: str, experiment: str) -> Reader:
+    reader = _reader()
+    _authorize(reader, access, pipeline, experiment)
+    return reader
 
 
 def _urls(request: Request) -> pages.Urls:
@@ -92,9 +130,20 @@ def _with_blob_urls(data: Any, urls: pages.Urls, pipeline: str, experiment: str)
     return data
 
 
-def _index_data(reader: Reader) -> dict[str, Any]:
+def _visible(reader: Reader, access: DagAccess, pipeline: str, experiment: str) -> bool:
+    if access.all_dags():
+        return True
+    try:
+        return access.may_read(reader.writers(pipeline, experiment))
+    except DatagenError:
+        return False  # unreadable: nothing says which Dags wrote it
+
+
+def _index_data(reader: Reader, access: DagAccess) -> dict[str, Any]:
     experiments = []
     for ref in reader.experiments():
+        if not _visible(reader, access, ref.pipeline, ref.experiment):
+            continue
         entry: dict[str, Any] = {"pipeline": ref.pipeline, "experiment": ref.experiment}
         try:
             prep = reader.prepared(ref.pipeline, ref.experiment)
@@ -149,7 +198,7 @@ def create_app() -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
-    experiments = APIRouter(dependencies=[Depends(requires_access_dag(method="GET")), Depends(_refuse_dag_id_query)])
+    experiments = APIRouter(dependencies=[Depends(_refuse_dag_id_query)])
     task_instances = APIRouter(
         dependencies=[Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))]
     )
@@ -177,45 +226,52 @@ def create_app() -> FastAPI:
     # -- index ---------------------------------------------------------------------------------
 
     @experiments.get("/", response_class=HTMLResponse, summary="All experiments (HTML)")
-    def index(request: Request) -> HTMLResponse:
-        return _html(pages.index_page(_index_data(_reader()), _urls(request)))
+    def index(request: Request, access: Access) -> HTMLResponse:
+        return _html(pages.index_page(_index_data(_reader(), access), _urls(request)))
 
     @experiments.get("/api/experiments", summary="All experiments with their folded counts")
-    def api_index() -> JSONResponse:
-        return JSONResponse(_index_data(_reader()), headers=_NO_STORE)
+    def api_index(access: Access) -> JSONResponse:
+        return JSONResponse(_index_data(_reader(), access), headers=_NO_STORE)
 
     # -- experiment ----------------------------------------------------------------------------
 
     @experiments.get("/experiments/{pipeline}/{experiment}", response_class=HTMLResponse)
-    def experiment_page(request: Request, pipeline: str, experiment: str, args: ItemsArgs) -> HTMLResponse:
-        reader = _reader()
+    def experiment_page(
+        request: Request, pipeline: str, experiment: str, args: ItemsArgs, access: Access
+    ) -> HTMLResponse:
+        reader = _reader_for(access, pipeline, experiment)
         status = reader.status(pipeline, experiment)
         items = _items(reader, pipeline, experiment, args)
         return _html(pages.experiment_page(status, items, _urls(request), STATUS_FILTERS))
 
     @experiments.get("/api/experiments/{pipeline}/{experiment}", summary="Folded status of one experiment")
-    def api_experiment(pipeline: str, experiment: str) -> JSONResponse:
-        return JSONResponse(_reader().status(pipeline, experiment), headers=_NO_STORE)
+    def api_experiment(pipeline: str, experiment: str, access: Access) -> JSONResponse:
+        return JSONResponse(_reader_for(access, pipeline, experiment).status(pipeline, experiment), headers=_NO_STORE)
 
     @experiments.get("/api/experiments/{pipeline}/{experiment}/items", summary="One page of items")
-    def api_items(pipeline: str, experiment: str, args: ItemsArgs) -> JSONResponse:
-        return JSONResponse(_items(_reader(), pipeline, experiment, args), headers=_NO_STORE)
+    def api_items(pipeline: str, experiment: str, args: ItemsArgs, access: Access) -> JSONResponse:
+        reader = _reader_for(access, pipeline, experiment)
+        return JSONResponse(_items(reader, pipeline, experiment, args), headers=_NO_STORE)
 
     # -- item ----------------------------------------------------------------------------------
 
     @experiments.get("/experiments/{pipeline}/{experiment}/item", response_class=HTMLResponse)
-    def item_page(request: Request, pipeline: str, experiment: str, id: str = Query(..., min_length=1)) -> HTMLResponse:
-        data = _reader().item(pipeline, experiment, id)
+    def item_page(
+        request: Request, pipeline: str, experiment: str, access: Access, id: str = Query(..., min_length=1)
+    ) -> HTMLResponse:
+        data = _reader_for(access, pipeline, experiment).item(pipeline, experiment, id)
         return _html(pages.item_page(data, _urls(request)))
 
     @experiments.get("/api/experiments/{pipeline}/{experiment}/item", summary="An item's trajectory and state")
-    def api_item(request: Request, pipeline: str, experiment: str, id: str = Query(..., min_length=1)) -> JSONResponse:
-        data = _reader().item(pipeline, experiment, id)
+    def api_item(
+        request: Request, pipeline: str, experiment: str, access: Access, id: str = Query(..., min_length=1)
+    ) -> JSONResponse:
+        data = _reader_for(access, pipeline, experiment).item(pipeline, experiment, id)
         return JSONResponse(_with_blob_urls(data, _urls(request), pipeline, experiment), headers=_NO_STORE)
 
     @experiments.get("/api/experiments/{pipeline}/{experiment}/blob/{event_id}", summary="A blob's bytes")
-    def api_blob(pipeline: str, experiment: str, event_id: str) -> Response:
-        data, meta = _reader().blob(pipeline, experiment, event_id)
+    def api_blob(pipeline: str, experiment: str, event_id: str, access: Access) -> Response:
+        data, meta = _reader_for(access, pipeline, experiment).blob(pipeline, experiment, event_id)
         is_json = meta.get("value_kind") == "json"
         name = _SAFE_NAME.sub("_", f"{meta.get('field') or 'value'}-{event_id[:16]}")
         return Response(

@@ -29,7 +29,9 @@ from airflow_provider_datagen.core.status import FAILED, failed_mask
 from airflow_provider_datagen.core.store.paths import CHECKPOINTS_DIR, LOG_DIR, ExperimentRef, list_experiments
 from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, NotFoundError
 from airflow_provider_datagen.hooks.datagen import DatagenHook, redact_uri
+from airflow_provider_datagen.plugins.access import Writers
 from airflow_provider_datagen.plugins.cache import VersionedCache
+from airflow_provider_datagen.plugins.insights import next_run, spend_panel, throughput
 from airflow_provider_datagen.plugins.item_view import RESOLVED_STATUSES, iso, item_data
 from airflow_provider_datagen.plugins.ti_view import TaskInstanceKey, current_status, scan_task_instance
 
@@ -66,6 +68,39 @@ _FAILURE_COLUMNS = (
     "try_number",
     "created_at",
 )
+
+#: What the pages show for a log with no usage recorded (and before the ledger exists).
+NO_USAGE: dict[str, Any] = {
+    "calls": 0,
+    "input_tokens": 0,
+    "output_tokens": 0,
+    "cost_usd": 0.0,
+    "unpriced_calls": 0,
+    "by_model": {},
+    "failed_attempts_cost_usd": 0.0,
+}
+NO_BUDGET: dict[str, Any] = {"budget_usd": None, "budget_tokens": None}
+
+
+# The usage ledger's read side, in one place: ``log.usage()``, ``log.item_usage(item_id)`` and
+# ``log.budget()``. A log class without them (a build before the ledger) shows "no usage recorded".
+def usage_of(event_log: CheckpointLog) -> dict[str, Any]:
+    """The experiment's usage totals (``log.usage()``)."""
+    usage = getattr(event_log, "usage", None)
+    return dict(usage()) if usage is not None else dict(NO_USAGE)
+
+
+def item_usage_of(event_log: CheckpointLog, item_id: str) -> dict[str, Any]:
+    """One item's usage totals and its attempts (``log.item_usage(item_id)``)."""
+    item_usage = getattr(event_log, "item_usage", None)
+    return dict(item_usage(item_id)) if item_usage is not None else {**NO_USAGE, "attempts": []}
+
+
+def budget_of(event_log: CheckpointLog) -> dict[str, Any]:
+    """The budget recorded for the experiment (``log.budget()``), None where none is set."""
+    budget = getattr(event_log, "budget", None)
+    return dict(budget()) if budget is not None else dict(NO_BUDGET)
+
 
 #: An open event log and the version it was read at (one refresh per request).
 Opened = tuple[CheckpointLog, int]
@@ -112,6 +147,9 @@ class Reader:
         self._failures = VersionedCache()
         self._ti = VersionedCache(size=32)
         self._items = VersionedCache(size=64)
+        self._insights = VersionedCache()
+        # one entry per experiment: the index page asks for every experiment on each request
+        self._writers = VersionedCache(size=4096)
 
     @property
     def shown_root(self) -> str:
@@ -153,6 +191,19 @@ class Reader:
                 "experiment names or the datagen connection's root"
             )
         return event_log, version
+
+    # -- access --------------------------------------------------------------------------------
+
+    def writers(self, pipeline: str, experiment: str, opened: Opened | None = None) -> Writers:
+        """The Dags that wrote an experiment (one scan of the ``dag_id`` column, cached per version)."""
+        event_log, version = opened or self.open(pipeline, experiment)
+
+        def compute() -> Writers:
+            column = event_log.scan(["dag_id"])["dag_id"]
+            dag_ids = pc.unique(column.drop_null()).to_pylist() if column.null_count < len(column) else []
+            return Writers(frozenset(dag_ids), outside=column.null_count > 0)
+
+        return self._writers.get((pipeline, experiment, version), compute)
 
     # -- experiment level ----------------------------------------------------------------------
 
@@ -210,6 +261,21 @@ class Reader:
 
         return self._failures.get((pipeline, experiment, version), compute)
 
+    def insights(self, pipeline: str, experiment: str, opened: Opened | None = None) -> dict[str, Any]:
+        """The spend, throughput and next-run panels of one log version (see :mod:`.insights`)."""
+        opened = opened or self.open(pipeline, experiment)
+        event_log, version = opened
+        prep = self.prepared(pipeline, experiment, opened)
+
+        def compute() -> dict[str, Any]:
+            return {
+                "spend": spend_panel(usage_of(event_log), budget_of(event_log), prep.summary),
+                "throughput": throughput(event_log),
+                "next_run": next_run(prep.states, prep.summary),
+            }
+
+        return self._insights.get((pipeline, experiment, version), compute)
+
     def status(self, pipeline: str, experiment: str) -> dict[str, Any]:
         """The experiment's folded status: summary counts, counts of every item, log stats, failures."""
         opened = self.open(pipeline, experiment)
@@ -230,6 +296,7 @@ class Reader:
             "stats": prep.stats,
             "recent_failures": failures,
             "failure_rows": failures_total,
+            **self.insights(pipeline, experiment, opened),
         }
 
     def items(
@@ -303,7 +370,13 @@ class Reader:
         if not isinstance(item_id, str) or not item_id or "\x00" in item_id:
             raise NotFoundError(f"no item {item_id!r} in {pipeline}/{experiment}: give a non-empty item id")
         event_log, version = self.open(pipeline, experiment)
-        return self._items.get((pipeline, experiment, version, item_id), lambda: item_data(event_log, version, item_id))
+        return self._items.get(
+            (pipeline, experiment, version, item_id),
+            lambda: {
+                **item_data(event_log, version, item_id),
+                "usage": item_usage_of(event_log, item_id),
+            },
+        )
 
     def blob(self, pipeline: str, experiment: str, event_id: str) -> tuple[bytes, dict[str, Any]]:
         """A blob's bytes and what it is (``value_kind`` ``bytes`` or ``json``, item and field)."""

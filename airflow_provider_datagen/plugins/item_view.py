@@ -12,8 +12,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core import BlobRef, EventType, ItemStatus, fold_events
+from airflow_provider_datagen.core.events import decode_source_json, fingerprint_of
 from airflow_provider_datagen.core.fold import failure_records
 from airflow_provider_datagen.core.ids import parent_of, root_of
+from airflow_provider_datagen.core.store.snapshots import snapshot_texts
 from airflow_provider_datagen.exceptions import NotFoundError
 
 if TYPE_CHECKING:
@@ -142,6 +144,24 @@ def _children(item_id: str, subtree: list[Event]) -> tuple[list[dict[str, Any]],
     return children, len(by_child)
 
 
+def item_input(event_log: CheckpointLog, item_id: str, fingerprint: str | None) -> dict[str, Any]:
+    """The item's input as generated: the snapshot row whose fingerprint is the item's, if one is stored.
+
+    The log keeps only input fingerprints (as ``export_results(include_input=True)`` says); a plan over
+    an inline source stores that source beside the log, which is where this reads it back from. A
+    row is shown only if it digests to the item's current fingerprint, so an edited source never
+    passes for the input the fields were generated from.
+    """
+    if fingerprint is not None and parent_of(item_id) is None:
+        for text in snapshot_texts(event_log.uri, item_id, event_log.storage_options):
+            data = decode_source_json(text)
+            if fingerprint_of(data) == fingerprint:
+                # JSON-able for the API twin (a tagged source may hold datetimes, Decimals, bytes)
+                value = json.loads(json.dumps(data, default=str))
+                return {"found": True, "value": value, "from": "source snapshot"}
+    return {"found": False, "value": None, "from": None}
+
+
 def item_data(event_log: CheckpointLog, version: int, item_id: str) -> dict[str, Any]:
     """Everything the item page shows, from one read of the item's root subtree."""
     pipeline, experiment = event_log.pipeline, event_log.experiment
@@ -206,6 +226,7 @@ def item_data(event_log: CheckpointLog, version: int, item_id: str) -> dict[str,
             "failures": state.failures,
             "violations": len(state.violations),
         },
+        "input": item_input(event_log, item_id, state.input_fingerprint),
         "fields": {name: field_value(value) for name, value in state.fields.items()},
         "failures": [
             {**failure_dict(r, with_traceback=True), "resolved": state.status.value in RESOLVED_STATUSES}

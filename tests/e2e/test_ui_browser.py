@@ -4,11 +4,13 @@ The quickstart example DAG runs in the session's Airflow stack over 40 items in 
 items fail on their first attempt, so the run fails; the failed ``generate`` map indexes are
 cleared over REST and the run then succeeds. Between and after those runs Debian's ``chromium``
 (driven by Playwright, no browser download) signs in through SimpleAuthManager's login form, opens
-the "Datagen" nav entry (the plugin's index in an iframe), the experiment page, and the "Datagen"
-tab of ``generate [0]``, and the test asserts the counts and item ids the pages show. A fresh
+the "Datagen" nav entry (the plugin's index in an iframe), the experiment page (with its spend,
+throughput and next-run panels), the "Datagen" tab of ``generate [0]`` and an item page (its input
+beside its output, its usage), and the test asserts the counts and item ids the pages show. A fresh
 browser context without the session cookie is refused by the plugin's routes (401).
 
-Screenshots of every step go to the test's ``tmp_path`` (their paths are printed; ``pytest -s``).
+Screenshots of every step go to the test's ``tmp_path``, or to ``$DATAGEN_SCREENSHOTS`` when set
+(pytest prunes old tmp dirs); their paths are printed (``pytest -s``).
 Every Chromium process is recorded by PID and checked to be gone at teardown.
 """
 
@@ -139,12 +141,25 @@ class Shots:
     """Numbered screenshots under the test's tmp dir."""
 
     def __init__(self, directory: Path) -> None:
+        kept = os.environ.get("DATAGEN_SCREENSHOTS")
+        if kept:
+            directory = Path(kept) / directory.name
+            directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.paths: list[Path] = []
 
     def take(self, page: Page, name: str) -> Path:
         path = self.directory / f"{len(self.paths) + 1:02d}-{name}.png"
         page.screenshot(path=str(path))
+        self.paths.append(path)
+        print(f"screenshot: {path}")
+        return path
+
+    def element(self, locator: Locator, name: str) -> Path:
+        """A screenshot of one element (a panel), scrolled into view."""
+        path = self.directory / f"{len(self.paths) + 1:02d}-{name}.png"
+        locator.scroll_into_view_if_needed()
+        locator.screenshot(path=str(path))
         self.paths.append(path)
         print(f"screenshot: {path}")
         return path
@@ -221,9 +236,9 @@ def experiment_row(frame: FrameLocator) -> dict[str, str]:
 
 
 def cards(frame: FrameLocator) -> dict[str, int]:
-    """The experiment page's count cards ({label: number})."""
+    """The experiment page's count cards ({label: number}); the first row of cards (spend has its own)."""
     out = {}
-    for card in frame.locator(".cards .card").all():
+    for card in frame.locator(".cards").first.locator(".card").all():
         out[card.locator(".muted").inner_text().strip()] = int(card.locator("b").inner_text().replace(",", ""))
     return out
 
@@ -311,6 +326,22 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     assert [i["Item"] for i in items] == [p["id"] for p in prompts(N_ITEMS)]
     assert {i["Status"] for i in items} == {"completed"}
 
+    # The panels: spend (the fake model may or may not report usage), throughput, next run.
+    spend = frame.locator("h2#spend")
+    spend_text = frame.locator("h2#spend + *").inner_text()
+    assert "No usage recorded" in spend_text or "spent" in spend_text, spend_text
+    shots.element(frame.locator("h2#spend + *"), "panel-spend")
+    chart = frame.locator("svg.chart")
+    assert chart.locator("rect.completed").count() >= 1
+    # the first attempts' failures are on the chart too
+    assert chart.locator("rect.failed").count() >= 1
+    shots.element(chart, "panel-throughput-chart")
+    next_run = table_rows(frame.locator("h2#next-run + table"))
+    assert [r["Source items"] for r in next_run] == ["0", "0", "0", str(N_ITEMS)], next_run
+    shots.element(frame.locator("h2#next-run + table"), "panel-next-run")
+    spend.scroll_into_view_if_needed()
+    shots.take(page, "experiment-page-panels")
+
     # A reload of that deep link lands on the same page inside the iframe.
     page.reload()
     page.frame_locator(IFRAME).locator("h1", has_text=f"{PIPELINE} / {EXPERIMENT}").wait_for()
@@ -351,6 +382,15 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     frame.locator("h1", has_text=rerun_item).wait_for()
     assert "ModelRequestError" in frame.locator("body").inner_text()
     shots.take(page, f"item-page-{rerun_item}")
+    # Its input (the plan stored the DAG's inline source beside the log) beside its output fields.
+    prompt = next(p for p in prompts(N_ITEMS) if p["id"] == rerun_item)
+    input_text = frame.locator("#input pre").inner_text()
+    assert prompt["prompt"] in input_text, input_text
+    assert frame.locator("#output table tbody tr").count() >= 1
+    shots.element(frame.locator(".cols"), f"item-input-output-{rerun_item}")
+    usage = frame.locator("h2#usage + *")
+    assert "No usage recorded" in usage.inner_text() or usage.locator("tbody tr").count() >= 1
+    shots.element(usage, f"item-usage-{rerun_item}")
 
     # The plugin's page straight from the api-server, with the session cookie: allowed.
     response = page.goto(f"{client.base_url}/datagen/")
@@ -361,7 +401,7 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     if offsite:
         print(f"aborted off-site requests: {offsite}")
     context.close()
-    print(f"ui browser test: {time.monotonic() - started:.1f} s, screenshots in {tmp_path}")
+    print(f"ui browser test: {time.monotonic() - started:.1f} s, screenshots in {shots.directory}")
 
 
 def test_plugin_pages_without_session_are_refused(

@@ -1,0 +1,171 @@
+"""The experiment page's panels beyond counts: spend and budget, throughput over time, the next run.
+
+Each is a plain JSON-able dict built from one log version (the app caches them with the fold):
+
+* :func:`spend_panel`: what the log's usage ledger says was spent (total, by model, by failed
+  attempts), the budget and what is left, and what the pending source items would cost at the mean
+  observed per completed source item.
+* :func:`throughput`: items completed and failed attempts per minute, from the ``created_at`` of the
+  TERMINAL and FAILED rows (the time each row was written), with the geometry of a small inline SVG
+  chart (no script, nothing fetched).
+* :func:`next_run`: what a rerun would touch now, in the planner's terms. The log does not record
+  the source a plan reads, so only what the log alone knows is counted (replay, failed, the
+  never-started items it holds, and the running items per processor version, which a rerun at
+  another version demotes); new (fresh) and edited items are known only to the plan task.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_datagen.core import EventType, ItemStatus
+
+if TYPE_CHECKING:
+    from airflow_provider_datagen.core import CheckpointLog
+
+#: Bars of the throughput chart at most; a longer run gets wider buckets (rates stay per minute).
+MAX_BUCKETS = 120
+CHART_WIDTH = 720
+CHART_HEIGHT = 140
+MAX_BAR = 14.0
+_MINUTE_US = 60_000_000
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def spend_panel(usage: dict[str, Any], budget: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """Spend, budget left and the estimate for the pending items (``usage``/``budget``: the log's contract)."""
+    cost = float(usage.get("cost_usd") or 0.0)
+    tokens = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+    completed = int(summary.get("completed") or 0)
+    pending = int(summary.get("pending") or 0)
+    mean_cost = _ratio(cost, completed)
+    mean_tokens = _ratio(tokens, completed)
+    budget_usd = budget.get("budget_usd")
+    budget_tokens = budget.get("budget_tokens")
+    by_model = [
+        {"model": model, **{k: v for k, v in row.items() if k != "model"}}
+        for model, row in sorted((usage.get("by_model") or {}).items())
+    ]
+    return {
+        "recorded": bool(usage.get("calls")),
+        "calls": int(usage.get("calls") or 0),
+        "input_tokens": int(usage.get("input_tokens") or 0),
+        "output_tokens": int(usage.get("output_tokens") or 0),
+        "tokens": tokens,
+        "cost_usd": cost,
+        "unpriced_calls": int(usage.get("unpriced_calls") or 0),
+        "failed_attempts_cost_usd": float(usage.get("failed_attempts_cost_usd") or 0.0),
+        "by_model": by_model,
+        "budget_usd": budget_usd,
+        "budget_tokens": budget_tokens,
+        "left_usd": None if budget_usd is None else float(budget_usd) - cost,
+        "left_tokens": None if budget_tokens is None else int(budget_tokens) - tokens,
+        "completed": completed,
+        "pending": pending,
+        "mean_cost_usd": mean_cost,
+        "mean_tokens": mean_tokens,
+        "estimate_pending_usd": None if mean_cost is None else mean_cost * pending,
+        "estimate_pending_tokens": None if mean_tokens is None else round(mean_tokens * pending),
+    }
+
+
+def throughput(event_log: CheckpointLog) -> dict[str, Any]:
+    """Items completed and failed attempts per minute over the run, bucketed for a small chart."""
+    flt = pc.field("event_type").isin([EventType.TERMINAL.value, EventType.FAILED.value])
+    table = event_log.scan(["event_id", "event_type", "status", "created_at"], flt)
+    empty = {"buckets": [], "bucket_minutes": 1, "start": None, "end": None, "completed": 0, "failures": 0}
+    if not table.num_rows:
+        return {**empty, "chart": None}
+    # A retried append lands a batch twice with the same event ids; count each event once.
+    table = table.group_by(["event_id", "event_type", "status"]).aggregate([("created_at", "min")])
+    at = pc.cast(pc.cast(table["created_at_min"], pa.timestamp("us")), pa.int64()).to_numpy(zero_copy_only=False)
+    is_failed = np.asarray(pc.equal(table["event_type"], EventType.FAILED.value).to_numpy(zero_copy_only=False))
+    is_done = (
+        np.asarray(
+            pc.fill_null(pc.equal(table["status"], ItemStatus.COMPLETED.value), False).to_numpy(zero_copy_only=False)
+        )
+        & ~is_failed
+    )
+    start = int(at.min()) // _MINUTE_US * _MINUTE_US
+    end = int(at.max())
+    minutes = (end - start) // _MINUTE_US + 1
+    width = max(1, math.ceil(minutes / MAX_BUCKETS))
+    n = math.ceil(minutes / width)
+    index = (at - start) // (_MINUTE_US * width)
+    done = np.bincount(index[is_done], minlength=n)[:n]
+    failed = np.bincount(index[is_failed], minlength=n)[:n]
+    buckets = [
+        {
+            "start": _iso_us(start + i * width * _MINUTE_US),
+            "completed_per_minute": float(done[i]) / width,
+            "failures_per_minute": float(failed[i]) / width,
+        }
+        for i in range(n)
+    ]
+    out = {
+        "buckets": buckets,
+        "bucket_minutes": width,
+        "start": _iso_us(start),
+        "end": _iso_us(end),
+        "completed": int(done.sum()),
+        "failures": int(failed.sum()),
+    }
+    return {**out, "chart": _chart(buckets)}
+
+
+def _iso_us(us: int) -> str:
+    return str(np.datetime64(us, "us")) + "Z"
+
+
+def _chart(buckets: list[dict[str, Any]]) -> dict[str, Any]:
+    """The geometry of the chart: one bar pair per bucket, scaled to the highest rate."""
+    peak = max(max(b["completed_per_minute"], b["failures_per_minute"]) for b in buckets) or 1.0
+    step = CHART_WIDTH / len(buckets)
+    # two bars per bucket, side by side and centred; a run of a few minutes keeps thin bars
+    bar = min(MAX_BAR, max(1.0, step / 2 - 0.5))
+    bars = []
+    for i, b in enumerate(buckets):
+        x = i * step + (step - 2 * bar) / 2
+        for kind, rate, dx in (
+            ("completed", b["completed_per_minute"], 0.0),
+            ("failed", b["failures_per_minute"], bar),
+        ):
+            if not rate:
+                continue
+            h = max(1.0, CHART_HEIGHT * rate / peak)
+            title = f"{b['start']}: {rate:g} {kind} per minute"
+            bars.append(
+                {"kind": kind, "x": round(x + dx, 2), "y": round(CHART_HEIGHT - h, 2), "w": round(bar, 2)}
+                | {"h": round(h, 2), "title": title}
+            )
+    return {"width": CHART_WIDTH, "height": CHART_HEIGHT, "peak": peak, "bars": bars}
+
+
+def next_run(states: pa.Table, summary: dict[str, Any]) -> dict[str, Any]:
+    """What a rerun would touch now, counted over source items from the log alone."""
+    failed = int(summary.get("failed_items") or 0)
+    running = int(summary.get("running") or 0)
+    by_version: dict[str, int] = {}
+    if states.num_rows:
+        roots = states.filter(pc.equal(states["depth"], 0))
+        inbox = roots.filter(pc.equal(roots["status"], ItemStatus.RUNNING.value))
+        if inbox.num_rows:
+            for entry in pc.value_counts(inbox["processor_version"]).to_pylist():
+                version = entry["values"]
+                by_version["(none)" if version is None else str(version)] = int(entry["counts"])
+    return {
+        "replay": running - failed,
+        "failed": failed,
+        "never_started": int(summary.get("never_started") or 0),
+        "done": int(summary.get("completed") or 0) + int(summary.get("filtered") or 0),
+        "running_by_version": dict(sorted(by_version.items())),
+        "source_known": False,
+    }
