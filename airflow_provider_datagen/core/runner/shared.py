@@ -75,7 +75,7 @@ class FlushRequest:
 
 
 class Handoff:
-    """How workers hand mid-item progress to the main thread, and what wakes the main thread.
+    """How workers hand mid-item progress and finished items to the main thread, and what wakes it.
 
     The main thread waits for either a finished item or a flush request; ``close`` refuses further
     requests and returns the unserved ones, so no worker waits for a thread that stopped serving.
@@ -87,7 +87,35 @@ class Handoff:
         self.ended = threading.Event()
         self._lock = threading.Lock()
         self._requests: list[FlushRequest] = []
+        #: what workers hand back about finished items (threads.py), taken all at once per wake-up
+        self._finished: list[Any] = []
+        #: the main thread waits on ``wake`` for finished items (:meth:`take_all`): only then does
+        #: :meth:`finish` set it, so a busy main thread costs the workers no wake-up per item
+        self._sleeping = False
         self._closed = False
+
+    def finish(self, entry: Any) -> None:
+        """A worker's finished item, for the main thread to acknowledge."""
+        with self._lock:
+            self._finished.append(entry)
+            if not self._sleeping:
+                return
+            self._sleeping = False
+        self.wake.set()
+
+    def take_all(self) -> tuple[list[FlushRequest], list[Any]]:
+        """Wait for flush requests or finished items; all of them posted since the last call."""
+        while True:
+            with self._lock:
+                requests, self._requests = self._requests, []
+                finished, self._finished = self._finished, []
+                if requests or finished:
+                    self._sleeping = False
+                    return requests, finished
+                # cleared under the lock: a finish() after this sees _sleeping and sets it again
+                self._sleeping = True
+                self.wake.clear()
+            self.wake.wait()
 
     def post(self, request: FlushRequest) -> bool:
         with self._lock:

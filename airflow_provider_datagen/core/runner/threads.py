@@ -9,35 +9,40 @@ own buffer merged in index order; permits keep the threads running user code at 
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, pulls
-from airflow_provider_datagen.core.runner.context import WorkItem, loaded_fields
+from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.failures import on_failure
-from airflow_provider_datagen.core.runner.interpreter import ChildJob, Interpreter
+from airflow_provider_datagen.core.runner.interpreter import FILTERED, ChildJob, Interpreter, guarded
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import FlushRequest
-from airflow_provider_datagen.core.runner.signals import RunEnded
+from airflow_provider_datagen.core.runner.signals import RunEnded, StepFailure
 from airflow_provider_datagen.core.schema import ItemStatus
+from airflow_provider_datagen.core.steps import Step
 from airflow_provider_datagen.exceptions import ItemFailedError, ProcessContractError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
+    from airflow_provider_datagen.core.events import StepCoord
     from airflow_provider_datagen.core.fold import ItemState
     from airflow_provider_datagen.core.planner import ResumePlan
     from airflow_provider_datagen.core.runner.driver import Runner
     from airflow_provider_datagen.core.runner.shared import RunShared
     from airflow_provider_datagen.core.sources import SourceItem
-    from airflow_provider_datagen.core.steps import Step
+    from airflow_provider_datagen.core.store.batch import Batch
     from airflow_provider_datagen.core.store.writer import LogWriter
 
 #: what ``ItemWorker.work`` returns: the item's (status, filter reason), or the exception it raised
 ItemOutcome = tuple[tuple[str, Any] | None, BaseException | None]
+#: an :data:`ItemOutcome` whose TERMINAL the worker staged itself (:meth:`ItemWorker.work_fresh_leaf`)
+STAGED = ("staged", None)
 #: what ``ItemWorker.work_child`` returns: the child's fields, or the exception it raised
 ChildOutcome = tuple[dict[str, Any] | None, BaseException | None]
 
@@ -80,6 +85,38 @@ class ItemWorker(Interpreter):
         finally:
             if permits is not None:
                 permits.release()
+
+    def work_fresh_leaf(self, src: SourceItem, leaf: tuple[Step, StepCoord, Any, Any]) -> ItemOutcome:
+        """:meth:`Runner.run_fresh_leaf` on a worker: the same events, the TERMINAL staged here too.
+
+        A fresh item of a one-step pipeline (a process function) with no retry, which is most items
+        of most runs: the general driver's frame sets and dispatch are skipped, as sequentially.
+        Returns :data:`STAGED` when its TERMINAL is in the buffer, else the exception for
+        :func:`on_failure` (wrapped as the sequential path wraps it).
+        """
+        step, coord, shape, done = leaf
+        iid = src.item_id
+        ctx = ItemContext(iid, src.key, src.fingerprint, 1, NO_FIELDS, coord, NO_FIELDS)
+        self.report.invocations += 1
+        try:
+            result = step.fn(src.data, ctx)
+            sets = self._check_result_of(iid, step, result) if result is not None else NO_FIELDS
+            for name in sets:
+                ctx._mode_check(name, "set")
+        except BaseException as exc:
+            return None, StepFailure(iid, coord, exc)
+        filtered, reason = ctx._filtered
+        try:
+            if ctx._ops or sets:
+                self._stage_delta(iid, coord.step, sets, ctx._ops)
+            # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
+            self.batch.add_shaped(iid, shape, None if filtered else done)
+        except BaseException as exc:
+            return None, exc
+        self.steps += 1
+        if filtered:
+            self.batch.terminal(iid, status=FILTERED, reason=reason)
+        return STAGED, None
 
     def work_child(self, child: WorkItem, body: Step, path: str, created: dict[str, Any] | None) -> ChildOutcome:
         """Drive one fan-out child into this worker's buffer: its fields, or the exception."""
@@ -180,6 +217,118 @@ class ItemWorker(Interpreter):
             raise first
 
 
+class Finished(NamedTuple):
+    """A root item a worker finished (or failed), handed to the main thread to acknowledge."""
+
+    #: its place in submission order: items finishing together are acknowledged in it
+    order: int
+    #: the item driven by :meth:`ItemWorker.work`, or None for :meth:`ItemWorker.work_fresh_leaf`
+    item: WorkItem | None
+    src: SourceItem
+    batch: Batch
+    invocations: int
+    steps: int
+    outcome: ItemOutcome
+
+
+class RootWorkers:
+    """Up to ``concurrency`` long-lived threads that take root items from one queue.
+
+    A thread keeps one :class:`ItemWorker` for every item it drives and gives each finished item back
+    through :meth:`Handoff.finish`, where the main thread takes all finished items per wake-up. The
+    profile of a pool with a future, a callback and a worker object per item (and the main thread
+    scanning every future per wake-up) showed that coordination costing more than the item itself at
+    high concurrency. The threads run in ``pool`` (its shutdown is the caller's, as before).
+    """
+
+    def __init__(self, runner: Runner, pool: ThreadPoolExecutor, concurrency: int) -> None:
+        shared = runner.shared
+        self.shared = shared
+        self.pool = pool
+        self.concurrency = concurrency
+        #: a one-step pipeline with no retry, rate limit or bridge: fresh items take the short path,
+        #: as run_items' loop does (a guarded call goes through attempts.py on the general driver)
+        self.leaf = runner._leaf if type(shared.pipeline) is Step and not guarded(shared) else None
+        self.jobs: queue.SimpleQueue[tuple[int, WorkItem | None, SourceItem] | None] = queue.SimpleQueue()
+        self.threads = 0
+        #: cleared while a failed item waits for its acknowledgement: a failure may end the run
+        #: (fail_fast, a contract streak, a reraise type), and until the main thread knows, no thread
+        #: starts a queued item; so no more items run after the one that ends the run than without
+        #: the queue (a thread starts its next item only once its own failure is acknowledged)
+        self.go = threading.Event()
+        self.go.set()
+        self._held = 0
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    def submit(self, index: int, item: WorkItem | None, src: SourceItem) -> None:
+        """Queue a root item: ``item`` to drive, or None for a fresh item on the short path."""
+        self.jobs.put((index, item, src))
+        if self.threads < self.concurrency:  # started as items come: a small run starts few threads
+            self.pool.submit(self._loop)
+            self.threads += 1
+
+    def unstarted(self) -> list[tuple[int, WorkItem | None, SourceItem]]:
+        """Take back the queued items no thread has started: they stay pending, in the inbox."""
+        taken: list[tuple[int, WorkItem | None, SourceItem]] = []
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return taken
+            if job is not None:
+                taken.append(job)
+
+    def stop(self) -> None:
+        """Let every thread end once it is idle (after :meth:`unstarted` or with nothing queued)."""
+        for _ in range(self.threads):
+            self.jobs.put(None)
+        with self._lock:
+            self._stopping = True
+            self.go.set()  # a thread held by a failure takes its end from the queue
+
+    def hold(self) -> None:
+        """A worker's item failed: no thread starts another until the main thread acknowledged it."""
+        with self._lock:
+            if self._stopping:  # an item running on after the end: its thread must take its end
+                return
+            self._held += 1
+            self.go.clear()
+
+    def release(self) -> None:
+        """The main thread acknowledged a failed item and the run goes on."""
+        with self._lock:
+            self._held -= 1
+            if not self._held:
+                self.go.set()
+
+    def _loop(self) -> None:
+        shared = self.shared
+        handoff = shared.handoff
+        worker = ItemWorker(shared)
+        report = worker.report
+        get, fanout, leaf, go = self.jobs.get, shared.has_fanout, self.leaf, self.go
+        while True:
+            if not go.is_set():
+                go.wait()
+            job = get()
+            if job is None or handoff.closed:  # never start user code after the run has ended
+                return
+            index, item, src = job
+            if item is None:
+                assert leaf is not None
+                outcome = worker.work_fresh_leaf(src, leaf)
+            else:
+                if fanout:  # known children are per root, as run_root clears them per root
+                    worker._known_children = set()
+                outcome = worker.work(item)
+            batch, worker.batch = worker.batch, worker.new_batch()
+            if outcome[1] is not None:
+                self.hold()
+            handoff.finish(Finished(index, item, src, batch, report.invocations, worker.steps, outcome))
+            report.invocations = worker.steps = 0
+
+
 def run_concurrent(
     runner: Runner,
     pool: ThreadPoolExecutor,
@@ -190,99 +339,122 @@ def run_concurrent(
     """:meth:`Runner.run_root` for ``jobs``, up to ``concurrency`` at a time.
 
     Workers only drive an item into a private buffer; the runner's (main) thread stays the only
-    writer: it merges a finished item's buffer into its batch and acknowledges it exactly as
-    :meth:`Runner.run_root` does, then flushes, reports progress and submits the next item. A worker
-    hands over its item's finished steps mid-item when a sequential run would commit them (its own
-    ``flush``), and this thread commits them before anything else. An item that never finished has
-    only its ITEM_CREATED and the steps handed over in the log, so it resumes from there next run.
+    writer: it merges finished items' buffers into its batch and acknowledges them exactly as
+    :meth:`Runner.run_root` does, then flushes, reports progress and queues the next items. Up to
+    ``concurrency`` more items than run wait queued (their ITEM_CREATED is committed already), so a
+    thread that finishes starts its next item without waiting for this thread to acknowledge. A
+    worker hands over its item's finished steps mid-item when a sequential run would commit them (its
+    own ``flush``), and this thread commits them before anything else. An item that never finished
+    has only its ITEM_CREATED and the steps handed over in the log, so it resumes from there next run.
     """
     shared = runner.shared
     todo: Iterator[RootJob] = iter(jobs)
-    inflight: dict[Future[ItemOutcome], tuple[ItemWorker, WorkItem]] = {}
-    order: dict[str, int] = {}
+    workers = RootWorkers(runner, pool, concurrency)
+    short = workers.leaf is not None
+    outstanding = 0  # queued or running
+    bound = 2 * concurrency  # queued or running: a thread that finishes finds its next item queued
+    submitted = 0
     stopped: ItemFailedError | ProcessContractError | None = None
     waiting = False
     handoff = shared.handoff
-
-    def woken(_: Any) -> None:
-        handoff.wake.set()
+    report = runner.report
+    processed = report.processed
 
     try:
         while True:
-            while stopped is None and len(inflight) < concurrency:
+            while stopped is None and outstanding < bound:
                 job = next(todo, None)
                 if job is None:
                     break
                 src, state, replayed, history = job
-                # A restarted or replayed root's children are read here, in the thread that owns the
-                # log, as run_root reads them; a worker only primes the ids of children it creates.
-                children = (
-                    runner.children_states(src.item_id)
-                    if shared.has_fanout and (history or (state is not None and state.status is ItemStatus.RUNNING))
-                    else {}
-                )
-                if children:  # their blob-stored values too: a worker never reads the log
-                    children = {cid: replace(st, fields=loaded_fields(st.fields)) for cid, st in children.items()}
-                # a replayed root's recorded fields are loaded here too (WorkItem.start reads its blobs)
-                item = WorkItem.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
                 if replayed:
-                    runner.report.replayed.append(src.item_id)
-                worker = ItemWorker(shared)
-                order[item.item_id] = len(order)
-                future = pool.submit(worker.work, item)
-                inflight[future] = (worker, item)
-                future.add_done_callback(woken)
-            if not inflight:
+                    report.replayed.append(src.item_id)
+                item: WorkItem | None = None
+                if state is not None or not short:
+                    # A restarted or replayed root's children are read here, in the thread that owns
+                    # the log, as run_root reads them; a worker only primes the ids of children it creates.
+                    children = (
+                        runner.children_states(src.item_id)
+                        if shared.has_fanout and (history or (state is not None and state.status is ItemStatus.RUNNING))
+                        else {}
+                    )
+                    if children:  # their blob-stored values too: a worker never reads the log
+                        children = {cid: replace(st, fields=loaded_fields(st.fields)) for cid, st in children.items()}
+                    # a replayed root's recorded fields are loaded here too (WorkItem.start reads its blobs)
+                    item = WorkItem.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
+                workers.submit(submitted, item, src)
+                submitted += 1
+                outstanding += 1
+            if not outstanding:
                 break
             waiting = True
-            while True:
-                handoff.wake.clear()
-                # requests first: a worker posts one and waits, so its item cannot finish before it
-                requests = handoff.take()
-                done = [f for f in inflight if f.done()]
-                if requests or done:
-                    break
-                handoff.wake.wait()
+            # requests first: a worker posts one and waits, so its item cannot finish before it
+            requests, finished = handoff.take_all()
             waiting = False
             if requests:
                 serve(runner, requests)
-            # several can finish together: acknowledge them in submission order, not set order
-            for fut in sorted(done, key=lambda f: order[inflight[f][1].item_id]):
-                worker, item = inflight.pop(fut)
-                outcome, exc = fut.result()  # work() returns every exception of the item's own
-                runner.batch.extend(worker.batch)
-                runner.report.invocations += worker.report.invocations
-                runner.steps += worker.steps
-                if exc is None:
+            if len(finished) > 1:
+                # several can finish together: acknowledge them in submission order, not set order
+                finished.sort(key=_submission_order)
+            for _, item, src, batch, invocations, steps, (outcome, exc) in finished:
+                outstanding -= 1
+                runner.batch.extend(batch)
+                report.invocations += invocations
+                runner.steps += steps
+                if outcome is STAGED:
+                    # the short path's TERMINAL is in its buffer: acknowledged as run_fresh_leaf does
+                    runner.acked += 1
+                    processed.append(src.item_id)
+                    if runner._flush_due():
+                        runner.flush()
+                elif exc is None:
                     assert outcome is not None
-                    runner.acknowledge(item.item_id, outcome[0], outcome[1])
+                    runner.acknowledge(src.item_id, outcome[0], outcome[1])
                 else:
                     try:
-                        on_failure(runner, item, exc)
+                        on_failure(runner, item or runner._bare_item(src), exc)
                     except (ItemFailedError, ProcessContractError) as err:
-                        # fail_fast, or the process broke its contract once too often: submit nothing
+                        # fail_fast, or the process broke its contract once too often: start nothing
                         # more (pull nothing more), but acknowledge what is already running (its work
                         # is paid for) before raising the first such error, as sequential does
                         if stopped is None:
                             stopped = err
+                            outstanding -= _unqueue(report, workers.unstarted())
+                    if stopped is None:
+                        workers.release()
                 tick()
     except BaseException as exc:
         # A run-ending error (a reraise type, an interrupt, a fencing error): items still in flight
         # are not acknowledged (they replay next run); their threads finish into buffers nobody reads
         # (the caller shuts the pool down without waiting), and a worker waiting for its progress
-        # to be committed is told the run ended.
+        # to be committed is told the run ended. Queued items never start.
         for request in handoff.close():
             request.error = exc
             request.done.set()
+        _unqueue(report, workers.unstarted())
+        workers.stop()
         if waiting:
             # it arrived between items (an orchestrator's timeout lands in the main thread): the
             # batch holds whole acknowledgements only, so keep them, as run_root's handler does
             runner.flush()
         raise
     handoff.close()
+    workers.stop()
     if stopped is not None:
         runner.flush()
         raise stopped
+
+
+def _submission_order(finished: Finished) -> int:
+    return finished.order
+
+
+def _unqueue(report: RunReport, jobs: list[tuple[int, WorkItem | None, SourceItem]]) -> int:
+    """Forget queued items that will not start: a replayed one is not reported as replayed."""
+    if jobs:
+        gone = {src.item_id for _, _, src in jobs}
+        report.replayed[:] = [iid for iid in report.replayed if iid not in gone]
+    return len(jobs)
 
 
 def serve(runner: Runner, requests: list[FlushRequest]) -> None:

@@ -778,3 +778,95 @@ def test_replayed_fanout_roots_run_threaded_with_the_sequential_events(tmp_path:
             assert resumed.max_now > 1
     assert _event_ids(logs["par"]) == _event_ids(logs["seq"])
     assert results_fp(logs["par"]) == results_fp(logs["seq"])
+
+
+def _one_step(item: dict[str, Any], ctx: Any) -> dict[str, Any] | None:
+    """A process function (the workers' short path) that sets, appends, filters, returns nothing or fails."""
+    i = item["id"]
+    time.sleep(_sleep_for(ctx.item_id))
+    if i % 7 == 3:
+        raise ValueError(f"cannot handle {i}")
+    if i % 5 == 1:
+        ctx.append("trail", ctx.idempotency_key("emit"))
+    if i % 9 == 4:
+        ctx.filter({"why": "nine"})
+    if i % 11 == 2:
+        return None
+    return flat_output(item)
+
+
+def test_a_process_function_run_threaded_writes_the_sequential_events(tmp_path: Any) -> None:
+    seq_log, par_log = open_log(tmp_path, "seq"), open_log(tmp_path, "par")
+    seq = run_items(seq_log, make_items(N), _one_step)
+    par = run_items(par_log, make_items(N), _one_step, concurrency=4)
+    assert par.invocations == seq.invocations == N
+    assert sorted(par.processed) == sorted(seq.processed)
+    assert sorted(par.failed) == sorted(seq.failed) == [str(i) for i in sorted(range(3, N, 7), key=str)]
+    assert par.errors == seq.errors
+    assert _event_ids(par_log) == _event_ids(seq_log)
+    assert statuses(par_log) == statuses(seq_log)
+    assert {"completed", "filtered", "running"} == set(statuses(par_log).values())
+    assert results_fp(par_log) == results_fp(seq_log)
+    # the rerun (threaded too) retries the failed items alone, on the general driver's replay path
+    again = run_items(par_log, make_items(N), lambda item, ctx: flat_output(item), concurrency=4, epoch=2)
+    assert sorted(again.replayed) == sorted(again.processed) == sorted(seq.failed)
+
+
+def test_256_items_at_concurrency_256_are_all_in_flight_together(tmp_path: Any) -> None:
+    """Two generations of 256 items meet at a barrier: it only opens if all 256 of each run at once."""
+    n = 256
+    barrier = threading.Barrier(n, timeout=60)
+    calls = Calls()
+
+    def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.record(ctx.item_id)
+        with calls:
+            barrier.wait()  # BrokenBarrierError (a failed item) if fewer than 256 were in flight
+        return flat_output(item)
+
+    log = open_log(tmp_path, "wide")
+    report = run_items(log, make_items(2 * n), process, concurrency=n)
+    assert report.failed == [] and len(report.processed) == 2 * n
+    assert calls.max_now == n
+    assert calls.by_item == Counter({str(i): 1 for i in range(2 * n)})
+    sequential = open_log(tmp_path, "sequential")
+    run_items(sequential, make_items(2 * n), lambda item, ctx: flat_output(item))
+    assert results_fp(log) == results_fp(sequential)
+    assert _event_ids(log) == _event_ids(sequential)
+
+
+def test_no_queued_item_starts_after_a_failure_before_it_is_acknowledged(tmp_path: Any) -> None:
+    """Items wait queued beside the running ones; a failure holds them until the main thread knows
+    whether it ends the run, so fail_fast runs no more items than the ones already running."""
+    concurrency = 4
+    started = threading.Barrier(concurrency, timeout=30)
+    acknowledged = threading.Event()  # set by the progress callback, after the failure's acknowledgement
+    calls = Calls()
+
+    def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.record(ctx.item_id)
+        if item["id"] < concurrency:
+            started.wait()  # the first items all run before item 0 fails
+        if item["id"] == 0:
+            raise ValueError("cannot handle 0")
+        assert acknowledged.wait(timeout=30)
+        return flat_output(item)
+
+    log = open_log(tmp_path, "hold")
+    with pytest.raises(ItemFailedError, match="cannot handle 0"):
+        run_items(
+            log,
+            make_items(N),
+            process,
+            concurrency=concurrency,
+            fail_fast=True,
+            progress=lambda done, total: acknowledged.set(),
+        )
+    # item 0's thread did not take the next queued item: only the items running at the failure ran
+    assert calls.by_item == Counter({str(i): 1 for i in range(concurrency)})
+    st = statuses(log)
+    assert {iid for iid, s in st.items() if s == "completed"} == {str(i) for i in range(1, concurrency)}
+    assert len(log.failures("0")) == 1
+    rerun = Calls()
+    run_items(log, make_items(N), pipeline(rerun), concurrency=concurrency, epoch=2)
+    assert set(rerun.by_item) == {"0"} | {str(i) for i in range(concurrency, N)}
