@@ -75,6 +75,8 @@ FAST_FAILURE_DETECTION = {
 PATIENT_WORKERS = {
     "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
     "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10",
+    # Every task parses its DAG file first; six of them starting at once on 2 busy cores exceed 30 s.
+    "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "180",
 }
 
 _INSTALL = {
@@ -148,15 +150,16 @@ class CeleryStackSettings:
     :param port: api-server port on 127.0.0.1 (a free one by default).
     :param hosts: worker host names (their Celery ``--hostname`` and their own queue).
     :param worker_concurrency: Celery processes per worker (task slots per host).
-    :param parallelism: ``[core] parallelism`` (also the LocalExecutor's slots).
+    :param parallelism: ``[core] parallelism``, per executor: the LocalExecutor's slots (by default as
+        many as the Celery workers have together, so the two executors compare fairly).
     :param extra_env: more ``AIRFLOW__...`` settings for every component and worker.
     """
 
     base: Path
     port: int = 0
     hosts: tuple[str, ...] = HOSTS
-    worker_concurrency: int = 4
-    parallelism: int = 32
+    worker_concurrency: int = 3
+    parallelism: int = 0
     username: str = "admin"
     password: str = "admin"
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -200,6 +203,8 @@ class CeleryStack:
         s.shared.mkdir(parents=True, exist_ok=True)
         if not s.port:
             s.port = find_free_port()
+        if not s.parallelism:
+            s.parallelism = s.worker_concurrency * len(s.hosts)
         self.redis = RedisServer(s.base / "redis")
         self.postgres: PostgresCluster | None = None
         self.moto = MotoServer(s.logs / "moto.log", atomic_put=True, buckets=(BUCKET,))

@@ -9,6 +9,7 @@ Component logs stay in ``<base>/logs`` (printed when the stack fails to start).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def celery_stack() -> Iterator[CeleryClient]:
+def celery_stack(request: pytest.FixtureRequest) -> Iterator[CeleryClient]:
     try:
         require_services()
     except StackError as err:
@@ -42,6 +43,7 @@ def celery_stack() -> Iterator[CeleryClient]:
     stack = CeleryStack(CeleryStackSettings(base=base, worker_concurrency=3))
     client: CeleryClient | None = None
     started = time.monotonic()
+    failed_before = request.session.testsfailed
     try:
         stack.start()
         stack.wait_ready(timeout=300)
@@ -57,3 +59,7 @@ def celery_stack() -> Iterator[CeleryClient]:
         assert not leftover, f"still listening on 127.0.0.1 ports {leftover} after stopping the stack"
         if killed:
             print(f"\ncelery stack: SIGKILL was needed for {killed}")
+        if request.session.testsfailed == failed_before:
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            print(f"\ncelery stack: logs kept in {base}/logs")
