@@ -335,7 +335,7 @@ class CeleryStack:
         pending = {w.celery_hostname for w in self.workers if w.process is not None}
         while pending:
             self.check_alive()
-            pending -= set(self.ping())
+            pending -= set(self.ready_workers())
             if not pending:
                 break
             if time.monotonic() - started > timeout:
@@ -345,7 +345,7 @@ class CeleryStack:
             time.sleep(1.0)
         return time.monotonic() - started
 
-    def ping(self) -> list[str]:
+    def ready_workers(self) -> list[str]:
         """The Celery hostnames whose worker logged that it is ready (connected to the broker, consuming)."""
         return [
             w.celery_hostname
