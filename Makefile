@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 SOURCES := airflow_provider_datagen dev tests benchmarks
 WHEEL_CHECK := .wheel-check
 
-.PHONY: demo test lint bench airflow chromium redis postgres clean format unit wheel-check
+.PHONY: demo test lint bench airflow airflow-celery chromium redis postgres clean format unit wheel-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,8 @@ redis:
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
-# PostgreSQL for DATAGEN_E2E_POSTGRES=1 runs of the end-to-end suite (Debian's packages).
+# PostgreSQL for the distributed suite (tests/e2e/celery), `make airflow-celery` and DATAGEN_E2E_POSTGRES=1
+# runs of the end-to-end suite (Debian's packages).
 postgres:
 	@command -v pg_ctlcluster >/dev/null 2>&1 || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
@@ -44,10 +45,10 @@ format: $(STAMP)
 	$(BIN)/ruff format $(SOURCES)
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, so "no tests" never passes.
-test: $(STAMP) chromium redis $(if $(filter 1,$(DATAGEN_E2E_POSTGRES)),postgres) lint
+test: $(STAMP) chromium redis postgres lint
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
-# Everything but the end-to-end and slow tests (no Airflow components, no long crash schedules).
+# Everything but the end-to-end (celery included) and slow tests (no Airflow components, no long crash schedules).
 unit: $(STAMP) redis
 	$(BIN)/python -m pytest -ra -m "not e2e and not slow" $(PYTEST_ARGS)
 
@@ -60,6 +61,11 @@ bench: $(STAMP)
 # Airflow components on 127.0.0.1:8080 with the example DAGs, for clicking through by hand.
 airflow: $(STAMP)
 	$(BIN)/python -m dev.devserver
+
+# The distributed stack on 127.0.0.1 for clicking through by hand: CeleryExecutor on Redis, PostgreSQL, the
+# datagen root on a moto S3 server, two Celery worker hosts, the example DAGs. Ctrl-C stops it (by PID).
+airflow-celery: $(STAMP) redis postgres
+	$(BIN)/python -m dev.celery_stack
 
 # The wheel as a user gets it: built, installed into a fresh venv (packages from PyPI), and listed by
 # `airflow providers list` there. tests/test_packaging.py checks the wheel's file list without installing.
@@ -75,4 +81,4 @@ wheel-check: $(STAMP)
 	rm -rf $(WHEEL_CHECK)/venv
 
 clean:
-	rm -rf $(VENV) .demo .airflow .pytest_cache .mypy_cache .ruff_cache $(WHEEL_CHECK)
+	rm -rf $(VENV) .demo .airflow .airflow-celery .pytest_cache .mypy_cache .ruff_cache $(WHEEL_CHECK)

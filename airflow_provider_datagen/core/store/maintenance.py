@@ -9,13 +9,12 @@ under the same lease.
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.store import lance_io, projection
-from airflow_provider_datagen.core.store.paths import LEASE_FILE, experiment_uri, is_local, local_path
+from airflow_provider_datagen.core.store.lease import lease_for
+from airflow_provider_datagen.core.store.paths import LEASE_FILE, LEASE_OBJECT, experiment_uri, is_local
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -32,42 +31,35 @@ _AUTO_CHECK_EVERY = 32
 
 
 class MaintenanceLease:
-    """At most one maintenance worker per experiment on this host (a non-blocking file lock).
+    """At most one maintenance worker per experiment, across hosts.
 
-    On object stores two maintainers can still race; Lance's optimistic commit then rejects the later
-    compaction, which :func:`maintain` reports as skipped. Nothing is lost either way.
+    A local root takes a non-blocking file lock (one host owns the files); an object-store root takes
+    a timed lease object beside the log (:class:`~airflow_provider_datagen.core.store.lease.ObjectLease`),
+    so maintenances on two hosts exclude each other too. Lance's optimistic commit stays the last
+    arbiter: a compaction that still races one loses its commit, which :func:`maintain` reports as
+    skipped. Nothing is lost either way.
+
+    :param uri: the log's URI.
+    :param storage_options: the log's storage options (object stores only).
     """
 
-    def __init__(self, uri: str) -> None:
-        local = os.path.normpath(local_path(experiment_uri(uri))) if is_local(uri) else None
-        self._path = os.path.join(local, LEASE_FILE) if local is not None else None
-        self._fd: int | None = None
+    def __init__(self, uri: str, storage_options: dict[str, str] | None = None) -> None:
+        base = experiment_uri(uri)
+        name = LEASE_FILE if is_local(uri) else LEASE_OBJECT
+        self._lease = lease_for(f"{base}/{name}", storage_options)
 
     def acquire(self) -> bool:
-        if self._path is None:
-            return True
-        os.makedirs(os.path.dirname(os.path.abspath(self._path)), exist_ok=True)
-        fd = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
+        return self._lease.acquire()
 
     def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        self._lease.release()
 
 
 def maintain(log: CheckpointLog, *, cleanup_older_than: dt.timedelta, target_rows_per_fragment: int) -> dict[str, Any]:
     """See :meth:`CheckpointLog.maintain`."""
     if log._dataset() is None:
         return {"skipped": True, "reason": "the log is empty"}
-    lease = MaintenanceLease(log.uri)
+    lease = MaintenanceLease(log.uri, log.storage_options)
     if not lease.acquire():
         return {"skipped": True, "reason": "another maintenance worker holds the lease"}
     try:
@@ -148,7 +140,7 @@ def refresh_projection(log: CheckpointLog, *, min_new_events: int | None, cleanu
         raise log._translate(exc, "reading the log") from None
     if new < min_new_events:
         return False
-    lease = MaintenanceLease(log.uri)
+    lease = MaintenanceLease(log.uri, log.storage_options)
     if not lease.acquire():  # a maintenance is writing a newer projection
         return False
     try:

@@ -19,6 +19,8 @@ LOG_DIR = "log.lance"
 PROJECTION_DIR = "state.lance"
 SNAPSHOTS_DIR = "sources"
 LEASE_FILE = ".maintenance.lock"
+#: The maintenance lease on an object store (an object, see core/store/lease.py).
+LEASE_OBJECT = ".maintenance.lease"
 
 
 def is_local(uri: str) -> bool:
@@ -105,7 +107,7 @@ _S3_OPTIONS = {
 }
 
 
-def _object_store_fs(root: str, storage_options: dict[str, str]) -> tuple[Any, str]:
+def object_store_fs(root: str, storage_options: dict[str, str]) -> tuple[Any, str]:
     # Deferred: pyarrow.fs loads the S3 client, which a local-only deployment never needs.
     import pyarrow.fs as pafs
 
@@ -127,10 +129,10 @@ def _object_store_fs(root: str, storage_options: dict[str, str]) -> tuple[Any, s
 
 
 def _list_object_store(root: str, storage_options: dict[str, str]) -> list[ExperimentRef]:
-    # Deferred for the same reason as in _object_store_fs.
+    # Deferred for the same reason as in object_store_fs.
     import pyarrow.fs as pafs
 
-    fs, path = _object_store_fs(root, storage_options)
+    fs, path = object_store_fs(root, storage_options)
     base = f"{path.rstrip('/')}/{CHECKPOINTS_DIR}"
 
     def dirs(prefix: str) -> list[str]:
