@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.core.ledger.staging import staged_entries
 from airflow_provider_datagen.core.retry import retry_after_of
 from airflow_provider_datagen.core.runner.contract import is_contract_error
 from airflow_provider_datagen.core.runner.signals import RunEnded
@@ -31,11 +32,16 @@ def _not_contract_error(exc: BaseException) -> bool:
     return not is_contract_error(exc)
 
 
-def call_with_retry(interp: Interpreter, item: WorkItem, step: Step, coord: StepCoord) -> tuple[Any, ItemContext]:
+def call_with_retry(
+    interp: Interpreter, item: WorkItem, step: Step, coord: StepCoord, calls: list[ItemContext] | None = None
+) -> tuple[Any, ItemContext]:
     """Call ``step.fn`` for ``item`` under the run's retry policy.
 
-    Returns the result and the context of the call that returned it.
+    Returns the result and the context of the call that returned it; ``calls`` collects the context
+    of every attempt (the last one's recorded usage goes with the item's FAILED row if it raises).
     """
+    if calls is None:
+        calls = []
     shared = interp.shared
     policy = shared.retry
     assert policy is not None  # only bound when the run has a policy
@@ -53,6 +59,11 @@ def call_with_retry(interp: Interpreter, item: WorkItem, step: Step, coord: Step
         assert rs.outcome is not None
         exc = rs.outcome.exception()
         assert exc is not None
+        # the usage this attempt recorded: money spent, stored with its transient row (taken off
+        # the context, so nothing stages it twice)
+        used = calls[-1]._usage if calls else None
+        if used:
+            calls[-1]._usage = None
         if throttled is not None:
             after = retry_after_of(exc)
             if after is not None:
@@ -68,6 +79,7 @@ def call_with_retry(interp: Interpreter, item: WorkItem, step: Step, coord: Step
             attempt=item.attempt,
             transient=True,
             wait=rs.upcoming_sleep,
+            usage=staged_entries(shared, used) if used else None,
         )
         if shared.policy.per_step or interp._flush_due():
             interp.flush()
@@ -88,6 +100,7 @@ def call_with_retry(interp: Interpreter, item: WorkItem, step: Step, coord: Step
     for attempt in retrying:
         with attempt:
             ctx = interp._ctx(item, coord)
+            calls.append(ctx)
             report.invocations += 1
             result = step.fn(item.data, ctx)
     return result, ctx

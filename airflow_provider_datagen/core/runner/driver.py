@@ -80,14 +80,19 @@ class Runner(Committer):
             for name in sets:
                 ctx._mode_check(name, "set")
         except BaseException as exc:
-            on_failure(self, self._bare_item(src), StepFailure(iid, coord, exc))
+            on_failure(self, self._bare_item(src), StepFailure(iid, coord, exc, usage=ctx._usage))
             return
         filtered, reason = ctx._filtered
         try:
             if ctx._ops or sets:
                 self._stage_delta(iid, coord.step, sets, ctx._ops)
-            # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
-            self.batch.add_shaped(iid, shape, None if filtered else done)
+            if ctx._usage is None:
+                # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
+                self.batch.add_shaped(iid, shape, None if filtered else done)
+            else:
+                self._stage_completed_usage(iid, coord, ctx)
+                if not filtered:
+                    self.batch.add_shaped(iid, done)
         except BaseException as exc:
             on_failure(self, self._bare_item(src), exc)
             return

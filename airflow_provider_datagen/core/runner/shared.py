@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from airflow_provider_datagen.core.events import StepCoord
+    from airflow_provider_datagen.core.ledger.budget import RunUsage
     from airflow_provider_datagen.core.retry import RetryPolicy
     from airflow_provider_datagen.core.steps import Step
     from airflow_provider_datagen.core.store.batch import Batch
@@ -145,6 +146,9 @@ class RunShared:
     permits: threading.Semaphore | None = None
     #: ``run_items(retry=...)``: leaf step calls are retried in place (attempts.py); None: today's path
     retry: RetryPolicy | None = None
+    #: with a budget or a rate limit: the run's usage tally and charge (core/ledger); None: usage
+    #: recorded through ctx is only staged with its attempt
+    usage: RunUsage | None = None
     #: THE place a rate limiter's ``acquire()`` goes: called before every attempt of a leaf step call
     #: on the retried path (attempts.py). None by default; a limiter needs ``retry`` set too (a policy
     #: of ``attempts=1`` when nothing is retried), so runs without either keep the unguarded path.
@@ -152,3 +156,5 @@ class RunShared:
     #: with a rate limit: called with the wait an error asked for (Retry-After, a 429), so every
     #: worker on the limit's key cools down
     on_throttled: Callable[[float], Any] | None = None
+    #: a budget's check before a new root item starts (None: no check; see the usage ledger)
+    stop_pulling: Callable[[], bool] | None = None

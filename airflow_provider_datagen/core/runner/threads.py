@@ -210,6 +210,8 @@ def run_concurrent(
     try:
         while True:
             while stopped is None and len(inflight) < concurrency:
+                if shared.stop_pulling is not None and shared.stop_pulling():
+                    break  # a budget is reached: start nothing new, finish what runs
                 job = next(todo, None)
                 if job is None:
                     break
