@@ -210,7 +210,7 @@ def test_record_usage_refuses_bad_arguments_as_the_items_error(tmp_path: Path) -
     assert log.usage() == empty_usage()
     with pytest.raises(ConfigurationError, match="budget_usd=0 is not a positive number"):
         run_items(log, _items(1), proc, budget_usd=0)
-    with pytest.raises(ConfigurationError, match="budget_tokens=1.5 is not a positive int"):
+    with pytest.raises(ConfigurationError, match=r"budget_tokens=1\.5 is not a positive int"):
         run_items(log, _items(1), proc, budget_tokens=1.5)
 
 
