@@ -21,6 +21,8 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
   ``run_items`` with ``concurrency=8``, against the same run with ``concurrency=1``; with fewer roots
   than threads, only running children in parallel fills the threads. And one root split into a few
   sections split into many pieces: only running the grandchildren in parallel beats the section count.
+* ``ledger``: ``log.usage()`` at N items / ~5N events before and after ``maintain()`` beside ``states()``,
+  and a budget's overshoot with 4 concurrent processes (see benchmarks/ledger.py).
 
 Every figure is a median over repeats; ratios compare figures of this run only.
 """
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from benchmarks.fakes import LATENCY_ENV
+from benchmarks.ledger import bench_ledger
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -712,7 +715,7 @@ def bench_fanout(tmp: Path, quick: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    parser.add_argument("--only", nargs="*", choices=["throughput", "plan", "reads", "airflow", "fanout"])
+    parser.add_argument("--only", nargs="*", choices=["throughput", "plan", "reads", "airflow", "fanout", "ledger"])
     args = parser.parse_args(argv)
     sections = args.only or ["throughput", "plan", "reads", "airflow", "fanout"]
     tmp = Path(tempfile.mkdtemp(prefix="datagen-bench-"))
@@ -730,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
                 "reads": bench_reads,
                 "airflow": bench_airflow,
                 "fanout": bench_fanout,
+                "ledger": bench_ledger,
             }
             results[name] = fn[name](tmp, args.quick)
             print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -36,6 +36,7 @@ NANOS = 1_000_000_000
 USAGE_COLUMNS = ("event_id", "event_type", "value_json", "writer_id", "writer_epoch")
 #: the event types whose rows may carry an attempt's usage
 USAGE_TYPES = (EventType.STEP_COMPLETED.value, EventType.FAILED.value)
+#: the entry counts summed, in the order of a :data:`Sums` list
 _COUNTS = ("calls", "input_tokens", "output_tokens", "unpriced_calls")
 _ENTRY = pa.struct(
     [
@@ -77,35 +78,74 @@ def _nanos(cost: float | None) -> int:
     return 0 if cost is None else round(cost * NANOS)
 
 
-def _result(by_model: dict[str, list[int]], failed_nanos: int) -> dict[str, Any]:
-    """The usage dict of per-model sums ``[calls, input, output, unpriced, nanos]``."""
+#: per (writer_id, writer_epoch, model): [calls, input_tokens, output_tokens, unpriced_calls, nanos, failed nanos]
+Sums = dict[tuple[str, int, str], list[int]]
+
+
+def add_sums(into: Sums, more: Sums) -> Sums:
+    """``into`` with ``more`` added (in place)."""
+    for key, sums in more.items():
+        have = into.get(key)
+        if have is None:
+            into[key] = list(sums)
+        else:
+            for i, v in enumerate(sums):
+                have[i] += v
+    return into
+
+
+def usage_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The usage dict of per-writer sums, without ``exclude_writer``'s."""
     out = empty_usage()
+    by_model: dict[str, list[int]] = {}
+    failed = 0
+    for (writer, epoch, model), s in sums.items():
+        if exclude_writer is not None and (writer, epoch) == exclude_writer:
+            continue
+        m = by_model.setdefault(model, [0, 0, 0, 0, 0])
+        for i in range(5):
+            m[i] += s[i]
+        failed += s[5]
     total = [0, 0, 0, 0, 0]
     for model in sorted(by_model):
-        sums = by_model[model]
+        m = by_model[model]
         out["by_model"][model] = {
-            "calls": sums[0],
-            "input_tokens": sums[1],
-            "output_tokens": sums[2],
-            "cost_usd": sums[4] / NANOS,
-            "unpriced_calls": sums[3],
+            "calls": m[0],
+            "input_tokens": m[1],
+            "output_tokens": m[2],
+            "cost_usd": m[4] / NANOS,
+            "unpriced_calls": m[3],
         }
-        total = [a + b for a, b in zip(total, sums)]
+        total = [a + b for a, b in zip(total, m)]
     out.update(
         calls=total[0],
         input_tokens=total[1],
         output_tokens=total[2],
         unpriced_calls=total[3],
         cost_usd=total[4] / NANOS,
-        failed_attempts_cost_usd=failed_nanos / NANOS,
+        failed_attempts_cost_usd=failed / NANOS,
     )
     return out
 
 
-def usage_of_events(events: Iterable[Event]) -> dict[str, Any]:
+def spend_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) -> tuple[int, int]:
+    """(nano-dollars, tokens) of per-writer sums without ``exclude_writer``'s: what a budget compares."""
+    nanos = tokens = 0
+    for (writer, epoch, _), s in sums.items():
+        if exclude_writer is None or (writer, epoch) != exclude_writer:
+            nanos += s[4]
+            tokens += s[1] + s[2]
+    return nanos, tokens
+
+
+def usage_of_events(events: Iterable[Event], *, exclude_writer: tuple[str, int] | None = None) -> dict[str, Any]:
     """The usage dict of ``events`` (any order, any duplicates): the reference fold."""
-    by_model: dict[str, list[int]] = {}
-    failed = 0
+    return usage_of_sums(sums_of_events(events), exclude_writer=exclude_writer)
+
+
+def sums_of_events(events: Iterable[Event]) -> Sums:
+    """Per-writer sums of ``events``' usage entries, one copy per event id."""
+    sums: Sums = {}
     for ev in dedupe(events).values():
         if ev.event_type.value not in USAGE_TYPES:
             continue
@@ -113,14 +153,14 @@ def usage_of_events(events: Iterable[Event]) -> dict[str, Any]:
         if record is None:
             continue
         for e in record["usage"]:
-            sums = by_model.setdefault(e["model"], [0, 0, 0, 0, 0])
+            s = sums.setdefault((ev.writer_id, ev.writer_epoch, e["model"]), [0, 0, 0, 0, 0, 0])
             nanos = _nanos(e.get("cost_usd"))
-            for i, key in enumerate(("calls", "input_tokens", "output_tokens", "unpriced_calls")):
-                sums[i] += int(e.get(key) or 0)
-            sums[4] += nanos
+            for i, key in enumerate(_COUNTS):
+                s[i] += int(e.get(key) or 0)
+            s[4] += nanos
             if ev.event_type is EventType.FAILED:
-                failed += nanos
-    return _result(by_model, failed)
+                s[5] += nanos
+    return sums
 
 
 def attempts_of_events(events: Iterable[Event]) -> list[dict[str, Any]]:
@@ -167,11 +207,10 @@ def _unique_rows(table: pa.Table) -> pa.Table:
 
 def _entries(table: pa.Table) -> tuple[pa.StructArray, np.ndarray]:
     """Every stored entry of ``table``'s rows, and the row each came from."""
-    texts = [t for t in table["value_json"].to_pylist()]
-    data = "\n".join(t or "{}" for t in texts).encode("utf-8")
+    data = "\n".join(t or "{}" for t in table["value_json"].to_pylist()).encode("utf-8")
     parsed = pa_json.read_json(
         io.BytesIO(data),
-        read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(data) + 1), use_threads=False),
+        read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(data) // 8 + 1)),
         parse_options=pa_json.ParseOptions(explicit_schema=_PAYLOAD, unexpected_field_behavior="ignore"),
     )
     lists = parsed["usage"].combine_chunks()
@@ -180,45 +219,51 @@ def _entries(table: pa.Table) -> tuple[pa.StructArray, np.ndarray]:
     return entries, parents
 
 
-def usage_of_table(table: pa.Table, *, exclude_writer: tuple[str, int] | None = None) -> dict[str, Any]:
-    """The usage dict of rows of the log (:data:`USAGE_COLUMNS`, any rows): the vectorized fold.
+def usage_rows_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
+    """Which rows of ``table`` may carry usage (a STEP_COMPLETED or FAILED row with a value)."""
+    keep = pc.is_in(table["event_type"], value_set=pa.array(USAGE_TYPES))
+    return pc.and_(keep, pc.is_valid(table["value_json"]))
 
-    ``exclude_writer=(writer_id, epoch)`` leaves out the rows that writer wrote at that epoch (a
-    run's budget counts its own usage itself).
+
+def sums_of_table(table: pa.Table) -> Sums:
+    """Per-writer sums of the usage entries of ``table``'s rows (:data:`USAGE_COLUMNS`, any rows).
+
+    One copy per ``event_id`` within ``table``; the entries are parsed by pyarrow's JSON reader and
+    summed with grouped aggregates, no Python per row.
     """
     if table.num_rows:
-        keep = pc.is_in(table["event_type"], value_set=pa.array(USAGE_TYPES))
-        keep = pc.and_(keep, pc.is_valid(table["value_json"]))
-        if exclude_writer is not None:
-            mine = pc.and_(
-                pc.equal(table["writer_id"], exclude_writer[0]), pc.equal(table["writer_epoch"], exclude_writer[1])
-            )
-            keep = pc.and_(keep, pc.invert(mine))
-        table = _unique_rows(table.filter(keep))
+        table = _unique_rows(table.filter(usage_rows_mask(table)))
     if table.num_rows == 0:
-        return empty_usage()
+        return {}
     entries, parents = _entries(table)
     if len(entries) == 0:
-        return empty_usage()
+        return {}
     cost = entries.field("cost_usd").fill_null(0.0).to_numpy(zero_copy_only=False)
     nanos = np.rint(cost * NANOS).astype(np.int64)
     failed_rows = pc.equal(table["event_type"], EventType.FAILED.value).to_numpy(zero_copy_only=False)
-    failed = int(nanos[failed_rows[parents]].sum()) if len(nanos) else 0
+    parent_idx = pa.array(parents)
     flat = pa.table(
         {
+            "writer_id": table["writer_id"].take(parent_idx),
+            "writer_epoch": table["writer_epoch"].take(parent_idx),
             "model": entries.field("model"),
             **{k: pc.fill_null(entries.field(k), 0) for k in _COUNTS},
             "nanos": pa.array(nanos),
+            "failed": pa.array(np.where(failed_rows[parents], nanos, 0)),
         }
     )
-    grouped = flat.group_by("model").aggregate([(k, "sum") for k in (*_COUNTS, "nanos")]).to_pydict()
-    by_model = {
-        m: [int(grouped[f"{k}_sum"][i]) for k in ("calls", "input_tokens", "output_tokens", "unpriced_calls", "nanos")]
-        for i, m in enumerate(grouped["model"])
+    keys = ["writer_id", "writer_epoch", "model"]
+    values = (*_COUNTS, "nanos", "failed")
+    grouped = flat.group_by(keys).aggregate([(k, "sum") for k in values]).to_pydict()
+    return {
+        (w, int(e), m): [int(grouped[f"{k}_sum"][i]) for k in values]
+        for i, (w, e, m) in enumerate(zip(grouped["writer_id"], grouped["writer_epoch"], grouped["model"]))
     }
-    return _result(by_model, failed)
 
 
-def spend_of_usage(usage: dict[str, Any]) -> tuple[int, int]:
-    """(nano-dollars, tokens) of a usage dict: what a budget compares."""
-    return round(usage["cost_usd"] * NANOS), int(usage["input_tokens"]) + int(usage["output_tokens"])
+def usage_of_table(table: pa.Table, *, exclude_writer: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The usage dict of rows of the log (:data:`USAGE_COLUMNS`, any rows): the vectorized fold.
+
+    ``exclude_writer=(writer_id, epoch)`` leaves out the rows that writer wrote at that epoch.
+    """
+    return usage_of_sums(sums_of_table(table), exclude_writer=exclude_writer)

@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 #: how often (seconds) a run re-reads the other writers' spend from the log while it has a budget
 REFRESH_SECONDS = 1.0
+#: a read of the log's spend waits at least this many times as long as the last one took
+READ_SHARE = 10
 #: USD are summed as integer nano-dollars: sums are exact and independent of order
 NANOS = 1_000_000_000
 
@@ -114,6 +116,7 @@ class RunUsage:
         #: the other writers' spend in the log at the last read, and when that was
         self._others = (0, 0)
         self._read_at: float | None = None
+        self._next_read = 0.0
         #: what this writer id and epoch had already written before this run (a library caller may
         #: run twice as one writer): counted with the others, since this run's tally lacks it
         self._before: tuple[int, int] | None = None
@@ -161,13 +164,17 @@ class RunUsage:
     def spend(self) -> tuple[int, int]:
         """Spend as this run sees it: (nano-dollars, tokens), the log's other writers' part re-read when due."""
         now = self._clock()
-        if self._read_at is None or now - self._read_at >= self.refresh_seconds:
+        if self._read_at is None or now >= self._next_read:
             others = self.log.usage_spend(exclude_writer=self.writer)
             if self._before is None:
                 total = self.log.usage_spend()
                 self._before = (total[0] - others[0], total[1] - others[1])
             self._others = (others[0] + self._before[0], others[1] + self._before[1])
             self._read_at = now
+            # A read of a large log takes a while: the main thread, which commits, spends at most a
+            # tenth of its time on it (refresh_seconds=0 reads before every item, whatever it costs).
+            took = self._clock() - now
+            self._next_read = now + (max(self.refresh_seconds, READ_SHARE * took) if self.refresh_seconds else 0.0)
         with self._lock:
             return self._others[0] + self.cost_nanos, self._others[1] + self.tokens
 

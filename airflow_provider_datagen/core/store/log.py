@@ -109,6 +109,8 @@ class CheckpointLog:
         self._committer: Committer | None = None
         #: the last fold, see projection.memo_base
         self._memo: projection.FoldMemo | None = None
+        #: the last usage read, see ledger.UsageMemo
+        self._usage_memo: ledger.UsageMemo | None = None
         self._appends_since_check = 0
         self.projection_uri = projection_uri(self.uri)
 
