@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: how often (seconds) a run re-reads the other writers' spend from the log while it has a budget
-REFRESH_SECONDS = 1.0
+REFRESH_SECONDS = 0.5
+#: a run with a budget commits at least this often (seconds), so other tasks see its spend soon
+COMMIT_SECONDS = 0.5
+#: past this share of the budget a run re-reads the log before each item and commits each item
+NEAR = 0.8
 #: a read of the log's spend waits at least this many times as long as the last one took
 READ_SHARE = 10
 #: USD are summed as integer nano-dollars: sums are exact and independent of order
@@ -69,6 +73,15 @@ class Budget(NamedTuple):
 
     def as_dict(self) -> dict[str, Any]:
         return {"budget_usd": self.usd, "budget_tokens": self.tokens}
+
+    def share(self, cost_nanos: int, tokens: int) -> float:
+        """How much of this budget spend of ``cost_nanos`` and ``tokens`` is (1.0: all of it)."""
+        parts = [0.0]
+        if self.usd is not None:
+            parts.append(cost_nanos / max(to_nanos(self.usd), 1))
+        if self.tokens is not None:
+            parts.append(tokens / self.tokens)
+        return max(parts)
 
     def reached(self, cost_nanos: int, tokens: int) -> str | None:
         """Why spend of ``cost_nanos`` and ``tokens`` has reached this budget, or None."""
@@ -122,6 +135,9 @@ class RunUsage:
         self._before: tuple[int, int] | None = None
         #: why the budget stopped the run, once it has
         self.stopped: str | None = None
+        #: called once when spend passes :data:`NEAR` of the budget (run_items: commit every item)
+        self.on_near: Callable[[], None] | None = None
+        self._near = False
 
     # --- the tally: called where an attempt's usage is staged ------------------------------------
 
@@ -184,7 +200,14 @@ class RunUsage:
             return True
         if not self.budget.is_set:
             return False
-        why = self.budget.reached(*self.spend())
+        spent = self.spend()
+        if not self._near and self.budget.share(*spent) >= NEAR:
+            # the last stretch: every item's spend is shared at once and read before the next one
+            self._near = True
+            self.refresh_seconds = 0.0
+            if self.on_near is not None:
+                self.on_near()
+        why = self.budget.reached(*spent)
         if why is not None:
             self.stopped = why
             logger.warning("budget reached (%s): no new item starts; items in flight finish", why)

@@ -7,10 +7,12 @@ Acknowledged items are never invoked again (see docs/design.md, Resume).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.core.ledger import budget as budget_module
 from airflow_provider_datagen.core.ledger.budget import Budget, RunUsage
 from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, check_redo_completed, classify
 from airflow_provider_datagen.core.ratelimit import RateLimit, open_limiter
@@ -149,6 +151,9 @@ def run_items(
     states = log.states()
     plan = classify(source, states, processor_version, log.version, redo_completed=redo_completed)
     report = RunReport(skipped=list(plan.skip), plan=plan)
+    if budget.is_set:
+        # other tasks see this run's spend only once it is committed: keep that lag short
+        checkpoint_interval = min(checkpoint_interval, budget_module.COMMIT_SECONDS)
     policy = CommitPolicy.of(checkpoint_every, checkpoint_interval)
     shared = RunShared(
         log=log,
@@ -173,6 +178,12 @@ def run_items(
         if budget.is_set:
             log.set_budget(budget.usd, budget.tokens)
             shared.stop_pulling = meter.stop_pulling
+
+            def near() -> None:
+                # close to the budget: each acknowledgement is committed at once (a time bound of 0)
+                shared.policy = dataclasses.replace(shared.policy, interval=0.0)
+
+            meter.on_near = near
     runner = Runner(shared, report)
     by_id = {s.item_id: s for s in source}
     total = len(plan.pending)
