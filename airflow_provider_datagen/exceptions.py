@@ -73,6 +73,10 @@ class TooManyFailedItemsError(DatagenError):
     """More items are failed than a status sensor's ``max_failed_items`` allows."""
 
 
+class UsageLimitExceededError(DatagenError):
+    """An experiment's recorded usage is above a status sensor's ``max_cost_usd`` or ``max_tokens``."""
+
+
 class NotFoundError(DatagenError):
     """An experiment, item or blob the UI was asked for does not exist; the message says what."""
 

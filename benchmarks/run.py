@@ -23,6 +23,8 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
   sections split into many pieces: only running the grandchildren in parallel beats the section count.
 * ``concurrency``: efficiency (rate / ideal) of sync threads against an async process at several
   concurrencies and latencies, and the retry path's cost when nothing fails (benchmarks/concurrency.py).
+* ``ledger``: ``log.usage()`` at N items / ~5N events before and after ``maintain()`` beside ``states()``,
+  and a budget's overshoot with 4 concurrent processes (see benchmarks/ledger.py).
 
 Every figure is a median over repeats; ratios compare figures of this run only.
 """
@@ -48,6 +50,7 @@ import pyarrow as pa
 
 from benchmarks.concurrency import bench_concurrency
 from benchmarks.fakes import LATENCY_ENV
+from benchmarks.ledger import bench_ledger
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -715,7 +718,7 @@ def bench_fanout(tmp: Path, quick: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    all_sections = ["throughput", "plan", "reads", "airflow", "fanout", "concurrency"]
+    all_sections = ["throughput", "plan", "reads", "airflow", "fanout", "concurrency", "ledger"]
     parser.add_argument("--only", nargs="*", choices=all_sections)
     args = parser.parse_args(argv)
     sections = args.only or all_sections
@@ -735,6 +738,7 @@ def main(argv: list[str] | None = None) -> int:
                 "airflow": bench_airflow,
                 "fanout": bench_fanout,
                 "concurrency": bench_concurrency,
+                "ledger": bench_ledger,
             }
             results[name] = fn[name](tmp, args.quick)
             print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -202,11 +202,23 @@ def main() -> int:
         baseline_log = CheckpointLog.open(demo / "baseline", pipeline="quickstart", experiment="uninterrupted")
         run_items(baseline_log, prompts(N_ITEMS), reliable_fake_model)
         baseline = export_results(baseline_log, str(exports / "baseline.lance"))
+        usage = log.usage()
+        _say("-- what the run cost (the usage ledger: every attempt the fake model reported):")
+        _say(
+            f"   {usage['calls']} calls, {usage['input_tokens']} input + {usage['output_tokens']} output tokens, "
+            f"${usage['cost_usd']:.6f} (of which failed attempts ${usage['failed_attempts_cost_usd']:.6f}; "
+            f"{usage['unpriced_calls']} calls unpriced)"
+        )
+        for model, m in usage["by_model"].items():
+            _say(
+                f"   {model}: {m['calls']} calls, {m['input_tokens'] + m['output_tokens']} tokens, ${m['cost_usd']:.6f}"
+            )
         _say("-- export fingerprints:")
         _say(f"   resumed run:         {resumed['fingerprint']} ({resumed['rows']} rows)")
         _say(f"   uninterrupted run:   {baseline['fingerprint']} ({baseline['rows']} rows)")
         ok = (
             second_state == "success"
+            and usage["calls"] == len(_calls(calls))  # every invocation reported usage, none counted twice
             and not again
             and resumed["fingerprint"] == baseline["fingerprint"]
             and resumed["rows"] == N_ITEMS

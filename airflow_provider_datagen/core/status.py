@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_datagen.core.fold.usage import empty_usage
 from airflow_provider_datagen.core.schema import ItemStatus
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ STATUS_KEYS = (
     "children",
     "fencing_violations",
     "log_version",
+    "usage",
 )
 
 #: How many failed item ids a status dict samples (the count is always exact).
@@ -72,12 +74,15 @@ def version_counts(versions: pa.ChunkedArray | pa.Array) -> dict[str, int]:
     return {str(e["values"]): int(e["counts"]) for e in sorted(counts, key=lambda e: str(e["values"]))}
 
 
-def summarize(states: pa.Table, *, pipeline: str, experiment: str, log_version: int) -> dict[str, Any]:
+def summarize(
+    states: pa.Table, *, pipeline: str, experiment: str, log_version: int, usage: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``datagen_status`` dict of a state table: root items by lifecycle status, failures, children.
 
     Counts are over root items (children are counted apart); ``pending`` is what a rerun would touch:
     running (failed included) plus never started. ``completed_by_version`` splits ``completed`` by
     the processor version of each item's completing generation, e.g. ``{"v1": 480, "v2": 20}``.
+    ``usage`` is the log's usage ledger (``CheckpointLog.usage()``: calls, tokens, cost by model).
     """
     roots = states
     if states.num_rows:
@@ -106,5 +111,6 @@ def summarize(states: pa.Table, *, pipeline: str, experiment: str, log_version: 
         "children": states.num_rows - roots.num_rows,
         "fencing_violations": int(pc.sum(states["violations"]).as_py() or 0) if states.num_rows else 0,
         "log_version": log_version,
+        "usage": dict(usage) if usage is not None else empty_usage(),
     }
     return {key: values[key] for key in STATUS_KEYS}

@@ -5,6 +5,9 @@ on their first attempt, like a flaky API. :func:`fake_model`'s error is transien
 quickstart's retry policy retries it in place, in the same run. :func:`fake_model_with_refusals` fails
 the same items with an error no retry policy covers (a refused request), to show that clearing a
 failed task reruns only them.
+Each reports the usage a real model would (``ctx.record_usage``: its prompt's and answer's tokens,
+priced as :data:`FAKE_MODEL` by genai-prices; a refused request its prompt's tokens), so the usage
+ledger and a budget work with them; usage never changes the exported fields.
 The example DAGs name them as their ``process`` (``"airflow_provider_datagen.example_dags.fakes:fake_model"``);
 to count invocations, wrap one in a process of your own and point the DAG at it (the quickstart's
 ``DATAGEN_QUICKSTART_PROCESS``).
@@ -26,8 +29,24 @@ class ModelRequestError(ValueError):
     """A fake model refused the request (an HTTP 400): calling again at once cannot help, so no retry."""
 
 
+#: the model the fakes report their usage as (priced by genai-prices like the real one)
+FAKE_MODEL = "openai:gpt-5-mini"
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def prompt_tokens(item: dict[str, Any]) -> int:
+    """A fake's input token count: about four characters a token, as for English text."""
+    return len(str(item.get("prompt", ""))) // 4 + 1
+
+
+def _answer(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
+    h = _digest(str(item.get("prompt", "")))
+    tokens = int(h[12:16], 16) % 500 + 1
+    ctx.record_usage(model=FAKE_MODEL, input_tokens=prompt_tokens(item), output_tokens=tokens)
+    return {"answer": f"answer-{h[:12]}", "tokens": tokens}
 
 
 def flaky_on_first_attempt(item_id: str) -> bool:
@@ -38,9 +57,9 @@ def flaky_on_first_attempt(item_id: str) -> bool:
 def fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
     """Answer a prompt with a hash; some items fail on their first attempt."""
     if ctx.attempt == 1 and flaky_on_first_attempt(ctx.item_id):
+        # a timeout: the endpoint never answered, so no usage is reported
         raise TransientModelError(f"model endpoint timed out for {ctx.item_id} (a fake, transient error)")
-    h = _digest(str(item.get("prompt", "")))
-    return {"answer": f"answer-{h[:12]}", "tokens": int(h[12:16], 16) % 500 + 1}
+    return _answer(item, ctx)
 
 
 def fake_model_with_refusals(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
@@ -50,14 +69,15 @@ def fake_model_with_refusals(item: dict[str, Any], ctx: ItemContext) -> dict[str
     :func:`fake_model` does. ``make demo`` runs the quickstart with it to show clear-and-rerun.
     """
     if ctx.attempt == 1 and flaky_on_first_attempt(ctx.item_id):
+        # the request was read and refused: its prompt's tokens are billed (a failed attempt's cost)
+        ctx.record_usage(model=FAKE_MODEL, input_tokens=prompt_tokens(item), output_tokens=0)
         raise ModelRequestError(f"model refused the request for {ctx.item_id} (a fake, non-retryable error)")
     return reliable_fake_model(item, ctx)
 
 
 def reliable_fake_model(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:
     """The same answers as :func:`fake_model` without the flaky first attempts (an uninterrupted run)."""
-    h = _digest(str(item.get("prompt", "")))
-    return {"answer": f"answer-{h[:12]}", "tokens": int(h[12:16], 16) % 500 + 1}
+    return _answer(item, ctx)
 
 
 def _draft(item: dict[str, Any], ctx: ItemContext) -> dict[str, Any]:

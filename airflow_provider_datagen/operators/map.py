@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowTaskTimeout
+from airflow.sdk.exceptions import AirflowSkipException, AirflowTaskTimeout
 
 from airflow_provider_datagen._arguments import (
     bad_argument,
@@ -16,7 +16,7 @@ from airflow_provider_datagen._arguments import (
 from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import REPORT_XCOM_KEY, DatagenBaseOperator, folded_status
-from airflow_provider_datagen.operators.plan import check_redo_completed_argument
+from airflow_provider_datagen.operators.plan import check_budget_arguments, check_redo_completed_argument
 from airflow_provider_datagen.operators.process import PROCESS_PATH_RE, bad_process, resolve_process
 
 if TYPE_CHECKING:
@@ -127,6 +127,11 @@ class DatagenMapOperator(DatagenBaseOperator):
         attempt) takes a start from the budget that every task naming the same ``key`` shares, on
         this host, or across hosts through the connection's ``rate_limit_storage`` (a Redis URI).
         Checked when the DAG is parsed. ``None`` (the default): no limit.
+    :param budget_usd: the most USD the experiment may spend (its usage ledger, shared by every task
+        through the log). Once reached, the task starts no new item, finishes those in flight and ends
+        **skipped** with a warning saying so (no item is marked failed); the rest stays pending for a
+        run with a higher budget. ``None`` (the default): no limit.
+    :param budget_tokens: the same for input + output tokens.
     :param datagen_conn_id: connection of type ``datagen``.
     """
 
@@ -148,6 +153,10 @@ class DatagenMapOperator(DatagenBaseOperator):
             kwargs["retry"] = _retry_dict(cls, kwargs["retry"])
         if kwargs.get("rate_limit") is not None:
             kwargs["rate_limit"] = _rate_limit_dict(cls, kwargs["rate_limit"])
+        if kwargs.get("budget_usd") is not None or kwargs.get("budget_tokens") is not None:
+            kwargs["budget_usd"], kwargs["budget_tokens"] = check_budget_arguments(
+                cls, kwargs.get("budget_usd"), kwargs.get("budget_tokens")
+            )
         return super().partial(**kwargs)
 
     def __init__(
@@ -168,6 +177,8 @@ class DatagenMapOperator(DatagenBaseOperator):
         concurrency: int = 1,
         retry: Any = None,
         rate_limit: Any = None,
+        budget_usd: float | None = None,
+        budget_tokens: int | None = None,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -221,6 +232,7 @@ class DatagenMapOperator(DatagenBaseOperator):
         self.retry = _retry_dict(self, retry)
         #: the rate limit in its dict form, or None
         self.rate_limit = _rate_limit_dict(self, rate_limit)
+        self.budget_usd, self.budget_tokens = check_budget_arguments(self, budget_usd, budget_tokens)
 
     @property
     def chunk_label(self) -> str:
@@ -286,6 +298,8 @@ class DatagenMapOperator(DatagenBaseOperator):
             rate_limit_storage=self.hook.rate_limit_storage if self.rate_limit is not None else None,
             # the plan's choice travels in its chunks (older plans' chunks lack it)
             redo_completed=self.chunk.get("redo_completed", self.redo_completed) if self.chunk else self.redo_completed,
+            budget_usd=self.budget_usd,
+            budget_tokens=self.budget_tokens,
         )
         result = report.as_dict()
         self.log.info("chunk done: %s (%d commits, %d events)", result, report.commits, report.events)
@@ -300,5 +314,15 @@ class DatagenMapOperator(DatagenBaseOperator):
                 f"(first error: {first[:300]}). They are recorded in the log's failure lens; "
                 f"{len(report.processed)} items were acknowledged. Clear this task instance to rerun only the "
                 "pending items."
+            )
+        if report.stopped_by_budget:
+            self.log.warning("chunk stopped by the experiment's budget: %s", result)
+            ti.xcom_push(key=REPORT_XCOM_KEY, value={**result, "stopped_by_budget": True})
+            # Skipped, not failed: nothing went wrong, and no item is marked failed; the grid shows
+            # the task apart from a finished one, and the rest of the chunk stays pending.
+            raise AirflowSkipException(
+                f"stopped by the budget (budget_usd={self.budget_usd}, budget_tokens={self.budget_tokens}): "
+                f"{len(report.processed)} items were acknowledged, the items in flight finished, and the rest "
+                "of this chunk stays pending. Raise the budget and rerun to continue where it stopped."
             )
         return result

@@ -38,6 +38,10 @@ class DatagenPlanOperator(DatagenBaseOperator):
         version (the plan logs how many); ``"other_version"`` regenerates them (and filtered ones),
         each as a new generation: the old outputs stay in the log's history. The chunks carry the
         choice to the mapped tasks.
+    :param budget_usd: the most USD the experiment may spend (its usage ledger: every attempt's
+        recorded cost, in every run). Once reached, the plan returns no chunks and logs why; raise it
+        to continue. Recorded as the experiment's budget for the UI. ``None``: no limit.
+    :param budget_tokens: the same for input + output tokens.
     :param datagen_conn_id: connection of type ``datagen`` (root URI and storage options).
     """
 
@@ -53,10 +57,13 @@ class DatagenPlanOperator(DatagenBaseOperator):
         chunk_size: int = 100,
         processor_version: str = "v1",
         redo_completed: str = "never",
+        budget_usd: float | None = None,
+        budget_tokens: int | None = None,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+        self.budget_usd, self.budget_tokens = check_budget_arguments(self, budget_usd, budget_tokens)
         self.redo_completed = check_redo_completed_argument(self, redo_completed)
         if not isinstance(source, (list, tuple, str, os.PathLike)):
             raise bad_argument(
@@ -76,10 +83,23 @@ class DatagenPlanOperator(DatagenBaseOperator):
     def execute(self, context: Context) -> list[dict[str, Any]]:
         # Deferred: core imports Lance, which DAG parsing must not pay for.
         from airflow_provider_datagen.core.chunks import plan_chunks
+        from airflow_provider_datagen.core.ledger.budget import Budget, budget_reached
 
+        event_log = self.get_log()
+        budget = Budget(self.budget_usd, self.budget_tokens)
+        event_log.set_budget(budget.usd, budget.tokens)  # what the UI shows; None clears an old one
+        why = budget_reached(event_log, budget)
+        if why is not None:
+            self.log.warning(
+                "the experiment's budget is reached (%s): no chunks are planned and nothing runs. Raise "
+                "budget_usd/budget_tokens to continue where it stopped.",
+                why,
+            )
+            self.push_status(context, event_log.summary())
+            return []
         max_map = _max_map_length()
         result = plan_chunks(
-            self.get_log(),
+            event_log,
             self.source,
             key_field=self.key_field,
             chunk_size=self.chunk_size,
@@ -107,6 +127,17 @@ def check_redo_completed_argument(owner: BaseOperator, value: Any) -> str:
     from airflow_provider_datagen.core.planner import check_redo_completed
 
     return check_redo_completed(owner, value)
+
+
+def check_budget_arguments(owner: BaseOperator, budget_usd: Any, budget_tokens: Any) -> tuple[Any, Any]:
+    """``budget_usd`` (a positive number) and ``budget_tokens`` (a positive int), each or None, checked."""
+    if budget_usd is None and budget_tokens is None:
+        return None, None
+    # Deferred: core imports Lance, which DAG parsing must not pay for (only a DAG with a budget does).
+    from airflow_provider_datagen.core.ledger.budget import Budget
+
+    budget = Budget.of(owner, budget_usd, budget_tokens)
+    return budget.usd, budget.tokens
 
 
 def _max_map_length() -> int:

@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_datagen._arguments import bad_argument, check_name_argument
-from airflow_provider_datagen.exceptions import DatagenError, ExperimentNotFoundError, TooManyFailedItemsError
+from airflow_provider_datagen.exceptions import (
+    DatagenError,
+    ExperimentNotFoundError,
+    TooManyFailedItemsError,
+    UsageLimitExceededError,
+)
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 from airflow_provider_datagen.operators.datagen import STATUS_XCOM_KEY
@@ -18,6 +23,7 @@ from airflow_provider_datagen.triggers.datagen import (
     check_condition,
     compute_status,
     failed_items_exceeded,
+    usage_exceeded,
 )
 
 if TYPE_CHECKING:
@@ -38,6 +44,9 @@ class DatagenStatusSensor(BaseSensorOperator):
     :param source: optional source (list or path/URI); its never-started items count as pending.
     :param key_field: key field of ``source``.
     :param max_failed_items: fail as soon as more items than this are failed, naming some of them.
+    :param max_cost_usd: fail as soon as the experiment's recorded cost (``status["usage"]["cost_usd"]``,
+        every attempt's, failed ones included) is above this many USD: a watchdog on spend.
+    :param max_tokens: fail as soon as its recorded input + output tokens are above this.
     :param allow_missing: wait while the experiment has no log (it reads as an empty experiment and the
         condition is not checked) instead of failing with
         :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError`, e.g. to wait on an
@@ -59,6 +68,8 @@ class DatagenStatusSensor(BaseSensorOperator):
         key_field: str = "id",
         max_failed_items: int | None = None,
         allow_missing: bool = False,
+        max_cost_usd: float | None = None,
+        max_tokens: int | None = None,
         deferrable: bool = False,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
@@ -93,6 +104,8 @@ class DatagenStatusSensor(BaseSensorOperator):
                 "is not a bool",
                 "pass True to wait for the experiment's creation, False to fail when it does not exist",
             )
+        self.max_cost_usd = _usage_limit(self, "max_cost_usd", max_cost_usd)
+        self.max_tokens = _usage_limit(self, "max_tokens", max_tokens)
         self.source = source
         self.key_field = key_field
         self.max_failed_items = max_failed_items
@@ -126,6 +139,12 @@ class DatagenStatusSensor(BaseSensorOperator):
                 "failure lens; fix the cause and clear the failed DatagenMapOperator task instances (or trigger "
                 "a new run of the DAG) to rerun only them."
             )
+        why = usage_exceeded(status, self.max_cost_usd, self.max_tokens)
+        if why is not None:
+            raise UsageLimitExceededError(
+                f"{self.pipeline}/{self.experiment}: {why}. The spend by model is in the Datagen UI; give the "
+                "map tasks a budget_usd/budget_tokens to stop generating at a limit."
+            )
 
     def poke(self, context: Context) -> PokeReturnValue:
         status, exists = self._observe()
@@ -158,6 +177,8 @@ class DatagenStatusSensor(BaseSensorOperator):
                 poke_interval=float(self.poke_interval),
                 datagen_conn_id=self.datagen_conn_id,
                 allow_missing=self.allow_missing,
+                max_cost_usd=self.max_cost_usd,
+                max_tokens=self.max_tokens,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=float(self.timeout)) if self.timeout is not None else None,
@@ -172,3 +193,14 @@ class DatagenStatusSensor(BaseSensorOperator):
             raise DatagenError(f"datagen status trigger ended without its condition: {event.get('outcome')}")
         context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=status)
         return status
+
+
+def _usage_limit(owner: object, param: str, value: Any) -> Any:
+    """``max_cost_usd`` (a number >= 0) or ``max_tokens`` (an int >= 0), or None: no limit."""
+    if value is None:
+        return None
+    ok = not isinstance(value, bool) and isinstance(value, int if param == "max_tokens" else (int, float))
+    if not ok or not value >= 0:  # NaN too
+        kind = "int" if param == "max_tokens" else "number"
+        raise bad_argument(owner, param, value, f"is not a non-negative {kind}", "give the limit, or None for none")
+    return value

@@ -86,6 +86,18 @@ def failed_items_exceeded(status: dict[str, Any], max_failed_items: int | None) 
     return max_failed_items is not None and int(status.get("failed_items", 0)) > max_failed_items
 
 
+def usage_exceeded(status: dict[str, Any], max_cost_usd: float | None, max_tokens: int | None) -> str | None:
+    """Why the status's recorded usage is above a sensor's limit, or None (see the usage ledger)."""
+    usage = status.get("usage") or {}
+    cost = float(usage.get("cost_usd", 0.0))
+    tokens = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+    if max_cost_usd is not None and cost > max_cost_usd:
+        return f"recorded cost ${cost:.6f} is above max_cost_usd=${max_cost_usd:.6f}"
+    if max_tokens is not None and tokens > max_tokens:
+        return f"recorded tokens {tokens} are above max_tokens={max_tokens}"
+    return None
+
+
 class DatagenStatusTrigger(BaseTrigger):
     """
     Poll an experiment's folded status until a named condition holds or failures exceed a bound.
@@ -102,6 +114,8 @@ class DatagenStatusTrigger(BaseTrigger):
     :param source: optional source (path/URI or list) whose never-started items count as pending.
     :param key_field: key field of ``source``.
     :param max_failed_items: fire early with ``too_many_failures`` when more items are failed.
+    :param max_cost_usd: fire early with ``usage_exceeded`` when the recorded cost is above it.
+    :param max_tokens: fire early with ``usage_exceeded`` when the recorded tokens are above it.
     :param poke_interval: seconds between two status reads.
     :param datagen_conn_id: connection of type ``datagen``.
     :param allow_missing: wait while the experiment has no log instead of failing.
@@ -119,6 +133,8 @@ class DatagenStatusTrigger(BaseTrigger):
         poke_interval: float = 30.0,
         datagen_conn_id: str = "datagen_default",
         allow_missing: bool = False,
+        max_cost_usd: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(condition, str):
@@ -139,6 +155,8 @@ class DatagenStatusTrigger(BaseTrigger):
         self.poke_interval = float(poke_interval)
         self.datagen_conn_id = datagen_conn_id
         self.allow_missing = bool(allow_missing)
+        self.max_cost_usd = max_cost_usd
+        self.max_tokens = max_tokens
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -153,6 +171,8 @@ class DatagenStatusTrigger(BaseTrigger):
                 "poke_interval": self.poke_interval,
                 "datagen_conn_id": self.datagen_conn_id,
                 "allow_missing": self.allow_missing,
+                "max_cost_usd": self.max_cost_usd,
+                "max_tokens": self.max_tokens,
             },
         )
 
@@ -182,6 +202,9 @@ class DatagenStatusTrigger(BaseTrigger):
                 continue
             if failed_items_exceeded(status, self.max_failed_items):
                 yield TriggerEvent({"status": status, "outcome": "too_many_failures"})
+                return
+            if usage_exceeded(status, self.max_cost_usd, self.max_tokens):
+                yield TriggerEvent({"status": status, "outcome": "usage_exceeded"})
                 return
             if CONDITIONS[self.condition](status):
                 yield TriggerEvent({"status": status, "outcome": "done"})

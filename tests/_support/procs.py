@@ -60,3 +60,14 @@ def readme_answer(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
     _record(ctx)
     key = ctx.idempotency_key("model")
     return {"answer": f"an answer to {item['prompt']}", "tokens": len(item["prompt"].split()) + len(key) // 32}
+
+
+#: what :func:`paid_model` records per call: a fixed cost, so where a budget stops is exact
+PAID_COST_USD = 0.01
+
+
+def paid_model(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """A model call that reports its usage (the budget tests)."""
+    _record(ctx)
+    ctx.record_usage(model="test:paid", input_tokens=100, output_tokens=20, cost_usd=PAID_COST_USD)
+    return {"upper": str(item["text"]).upper()}

@@ -102,7 +102,7 @@ class AsyncDriver:
         wake = self._wake = asyncio.Event()
         finished: deque[asyncio.Future[Any]] = deque()
         #: task -> (the item as the runner knows it, the context of a plain call or None)
-        inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | None]] = {}
+        inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | list[ItemContext]]] = {}
         plain = not guarded(shared)
         stop_pulling = shared.stop_pulling
         stopped: ItemFailedError | ProcessContractError | None = None
@@ -173,7 +173,7 @@ class AsyncDriver:
         fn: Callable[..., Any],
         coord: Any,
         plain: bool,
-        inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | None]],
+        inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | list[ItemContext]]],
         done: Callable[[asyncio.Future[Any]], None],
         report: Any,
     ) -> None:
@@ -183,7 +183,9 @@ class AsyncDriver:
         if replayed:
             report.replayed.append(iid)
         item: SourceItem | WorkItem
-        ctx: ItemContext | None = None
+        # the plain call's context, or the guarded call's contexts, one per attempt (the last one's
+        # recorded usage goes with the item's FAILED row)
+        ctx: ItemContext | list[ItemContext] = []
         if state is None:
             item = src if plain else runner._bare_item(src)
         else:
@@ -204,17 +206,20 @@ class AsyncDriver:
                 task = asyncio.ensure_future(fn(src.data, ctx))
             else:
                 assert isinstance(item, WorkItem)
+                assert isinstance(ctx, list)
                 task = asyncio.ensure_future(
-                    call_step_async(runner, item, runner.shared.pipeline, coord, self.flush_from_task)
+                    call_step_async(runner, item, runner.shared.pipeline, coord, self.flush_from_task, ctx)
                 )
         except BaseException as exc:  # the call itself raised, or gave no awaitable
-            runner.fail_leaf(item, exc)
+            runner.fail_leaf(item, exc, _usage_of(ctx))
             self.tick()
             return
         inflight[task] = (item, ctx)
         task.add_done_callback(done)
 
-    def _settle(self, task: asyncio.Future[Any], item: SourceItem | WorkItem, ctx: ItemContext | None) -> None:
+    def _settle(
+        self, task: asyncio.Future[Any], item: SourceItem | WorkItem, ctx: ItemContext | list[ItemContext]
+    ) -> None:
         """Acknowledge a finished task's item: its result through finish_leaf, or its failure."""
         runner = self.runner
         exc = asyncio.CancelledError() if task.cancelled() else task.exception()
@@ -222,12 +227,12 @@ class AsyncDriver:
             if isinstance(exc, RunEnded):
                 assert self.fatal is not None
                 raise self.fatal
-            runner.fail_leaf(item, exc)
+            runner.fail_leaf(item, exc, _usage_of(ctx))
             return
         result = task.result()
-        if ctx is None:  # the guarded call returns the context of the attempt that returned
+        if isinstance(ctx, list):  # the guarded call returns the context of the attempt that returned
             result, ctx = result
-        assert ctx is not None
+        assert isinstance(ctx, ItemContext)
         runner.finish_leaf(item, ctx, result)
 
     def _intercept_signals(self, loop: asyncio.AbstractEventLoop) -> dict[int, Any]:
@@ -362,3 +367,10 @@ class LoopThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
+
+
+def _usage_of(ctx: ItemContext | list[ItemContext]) -> list[Any] | None:
+    """The usage the last attempt recorded through ``ctx.record_usage`` (None: nothing, or no call)."""
+    if isinstance(ctx, list):
+        return ctx[-1]._usage if ctx else None
+    return ctx._usage

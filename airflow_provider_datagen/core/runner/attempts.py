@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import DoAttempt, DoSleep
 
+from airflow_provider_datagen.core.ledger.staging import staged_entries
 from airflow_provider_datagen.core.retry import failed_first, retry_after_of
 from airflow_provider_datagen.core.runner.contract import is_contract_error
 from airflow_provider_datagen.core.runner.signals import RunEnded
@@ -65,16 +66,22 @@ def _call(shared: RunShared, step: Step, item: WorkItem, ctx: ItemContext) -> An
     return result
 
 
-def call_step(interp: Interpreter, item: WorkItem, step: Step, coord: StepCoord) -> tuple[Any, ItemContext]:
+def call_step(
+    interp: Interpreter, item: WorkItem, step: Step, coord: StepCoord, calls: list[ItemContext] | None = None
+) -> tuple[Any, ItemContext]:
     """Call ``step.fn`` for ``item``: the rate limit's hook, the call, and the retry policy on a failure.
 
-    Returns the result and the context of the call that returned it.
+    Returns the result and the context of the call that returned it; ``calls`` collects the context
+    of every attempt (the last one's recorded usage goes with the item's FAILED row if it raises).
     """
+    if calls is None:
+        calls = []
     shared = interp.shared
     hook = shared.before_attempt
     if hook is not None:
         hook()
     ctx = interp._ctx(item, coord)
+    calls.append(ctx)
     interp.report.invocations += 1
     try:
         return _call(shared, step, item, ctx), ctx
@@ -83,14 +90,23 @@ def call_step(interp: Interpreter, item: WorkItem, step: Step, coord: StepCoord)
         if not _retried(shared.retry, exc):
             raise
         first = exc
-    return _retry(interp, item, step, coord, first)
+    return _retry(interp, item, step, coord, first, calls)
 
 
-def _stage_transient(interp: Interpreter, item: WorkItem, coord: StepCoord, rs: RetryCallState) -> None:
-    """A retried attempt's transient FAILED row; the next call sees ``ctx.attempt`` one higher."""
+def _stage_transient(
+    interp: Interpreter, item: WorkItem, coord: StepCoord, rs: RetryCallState, calls: list[ItemContext]
+) -> None:
+    """A retried attempt's transient FAILED row; the next call sees ``ctx.attempt`` one higher.
+
+    The usage the attempt recorded is money spent: it is stored with this row, and taken off the
+    attempt's context so nothing stages it twice.
+    """
     assert rs.outcome is not None
     exc = rs.outcome.exception()
     assert exc is not None
+    used = calls[-1]._usage if calls else None
+    if used:
+        calls[-1]._usage = None
     interp.batch.failed(
         item.item_id,
         error=exc,
@@ -102,12 +118,18 @@ def _stage_transient(interp: Interpreter, item: WorkItem, coord: StepCoord, rs: 
         attempt=item.attempt,
         transient=True,
         wait=rs.upcoming_sleep,
+        usage=staged_entries(interp.shared, used) if used else None,
     )
     item.attempt += 1
 
 
 def _retry(
-    interp: Interpreter, item: WorkItem, step: Step, coord: StepCoord, first: BaseException
+    interp: Interpreter,
+    item: WorkItem,
+    step: Step,
+    coord: StepCoord,
+    first: BaseException,
+    calls: list[ItemContext],
 ) -> tuple[Any, ItemContext]:
     """The attempts after a first one that failed with ``first``, driven by tenacity's ``Retrying``."""
     shared = interp.shared
@@ -121,7 +143,7 @@ def _retry(
             hook()
 
     def failed_attempt(rs: RetryCallState) -> None:
-        _stage_transient(interp, item, coord, rs)
+        _stage_transient(interp, item, coord, rs, calls)
         # made durable on the sequential cadence before the wait
         if shared.policy.per_step or interp._flush_due():
             interp.flush()
@@ -143,6 +165,7 @@ def _retry(
         do = retrying.iter(rs)
         if isinstance(do, DoAttempt):
             ctx = interp._ctx(item, coord)
+            calls.append(ctx)
             report.invocations += 1
             try:
                 rs.set_result((_call(shared, step, item, ctx), ctx))
@@ -165,6 +188,7 @@ async def call_step_async(
     step: Step,
     coord: StepCoord,
     flush: Callable[[], None],
+    calls: list[ItemContext] | None = None,
 ) -> tuple[Any, ItemContext]:
     """:func:`call_step` for an async step on the event loop (aio.py); ``flush`` commits before a wait.
 
@@ -172,11 +196,14 @@ async def call_step_async(
     ``asyncio.sleep`` (tenacity's ``AsyncRetrying``): a wait holds this item's place among the
     ``concurrency`` in flight but blocks no other item, and ends (cancelled) when the run ends.
     """
+    if calls is None:
+        calls = []
     shared = interp.shared
     hook = shared.before_attempt_async
     if hook is not None:
         await hook()
     ctx = interp._ctx(item, coord)
+    calls.append(ctx)
     interp.report.invocations += 1
     try:
         return await step.fn(item.data, ctx), ctx
@@ -185,7 +212,7 @@ async def call_step_async(
         if not _retried(shared.retry, exc):
             raise
         first = exc
-    return await _retry_async(interp, item, step, coord, first, flush)
+    return await _retry_async(interp, item, step, coord, first, flush, calls)
 
 
 async def _retry_async(
@@ -195,6 +222,7 @@ async def _retry_async(
     coord: StepCoord,
     first: BaseException,
     flush: Callable[[], None],
+    calls: list[ItemContext],
 ) -> tuple[Any, ItemContext]:
     shared = interp.shared
     policy = shared.retry
@@ -206,7 +234,7 @@ async def _retry_async(
             await hook()
 
     def failed_attempt(rs: RetryCallState) -> None:
-        _stage_transient(interp, item, coord, rs)
+        _stage_transient(interp, item, coord, rs, calls)
         if shared.policy.per_step or interp._flush_due():
             flush()
 
@@ -229,6 +257,7 @@ async def _retry_async(
         do = await retrying.iter(rs)
         if isinstance(do, DoAttempt):
             ctx = interp._ctx(item, coord)
+            calls.append(ctx)
             report.invocations += 1
             try:
                 rs.set_result((await step.fn(item.data, ctx), ctx))

@@ -12,16 +12,18 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.events import BlobRef, encode_value
+from airflow_provider_datagen.core.ledger.records import usage_record
 from airflow_provider_datagen.core.runner.contract import check_field
 from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.exceptions import InvalidEventError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from collections.abc import Set as AbstractSet
 
     from airflow_provider_datagen.core.events import StepCoord
     from airflow_provider_datagen.core.fold import ItemState
+    from airflow_provider_datagen.core.ledger.records import UsageRecord
 
 #: a fresh item's fields and field modes: read-only here (ItemContext copies modes before writing)
 NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
@@ -36,6 +38,10 @@ class ItemContext:
     _ops: list[tuple[str, str, Any]] | tuple[()] = ()
     _filtered: tuple[bool, Any] = (False, None)
     _emissions: dict[str, int] | None = None
+    #: what ``record_usage`` recorded in this attempt (staged with the row that ends it), or None
+    _usage: list[UsageRecord] | None = None
+    #: with a rate limit: charges recorded usage to it as it becomes known (``RunUsage.charge``)
+    _charge: Callable[[UsageRecord], None] | None = None
 
     def __init__(
         self,
@@ -99,6 +105,31 @@ class ItemContext:
             if enc.json_text is None:
                 raise InvalidEventError(f"item {self.item_id!r}: a filter reason must be small JSON")
         self._filtered = (True, reason)
+
+    def record_usage(
+        self,
+        model: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cost_usd: float | None = None,
+        calls: int = 1,
+    ) -> None:
+        """Record model usage of this attempt: stored with the step's completion, or its failure.
+
+        ``cost_usd=None`` prices the tokens with genai-prices from ``model`` (``"provider:model"``
+        or a bare name); a model it does not know counts as unpriced, never as $0. A given
+        ``cost_usd`` wins. May be called several times per attempt, from sync or async code; usage
+        of an attempt that then fails still counts (see docs/adr/0011-usage-ledger.md). With a rate
+        limit, the tokens are charged to its token window now, and ``calls`` beyond the first
+        count as requests.
+        """
+        record = usage_record(model, input_tokens, output_tokens, cost_usd, calls)
+        if self._usage is None:
+            self._usage = [record]
+        else:
+            self._usage.append(record)
+        if self._charge is not None:
+            self._charge(record)
 
     def idempotency_key(self, name: str) -> str:
         """A key for an external side effect, equal on every replay of the same work.

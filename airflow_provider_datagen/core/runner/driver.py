@@ -78,7 +78,7 @@ class Runner(Committer):
         try:
             result = step.fn(src.data, ctx)
         except BaseException as exc:
-            self.fail_leaf(src, exc)
+            self.fail_leaf(src, exc, ctx._usage)
             return
         self.finish_leaf(src, ctx, result)
 
@@ -88,19 +88,24 @@ class Runner(Committer):
         if replayed:
             self.report.replayed.append(src.item_id)
         item = self._bare_item(src)
+        calls: list[ItemContext] = []
         try:
-            result, ctx = call_step(self, item, step, coord)
+            result, ctx = call_step(self, item, step, coord, calls)
         except BaseException as exc:
-            self.fail_leaf(item, exc)
+            # the last attempt's usage goes with its FAILED row (an earlier one's went with its transient row)
+            self.fail_leaf(item, exc, calls[-1]._usage if calls else None)
             return
         self.finish_leaf(item, ctx, result)
 
-    def fail_leaf(self, item: SourceItem | WorkItem, exc: BaseException) -> None:
-        """Stage the failure of the one-step pipeline's call for ``item``: a FAILED row; raises when it ends the run."""
+    def fail_leaf(self, item: SourceItem | WorkItem, exc: BaseException, usage: list[Any] | None = None) -> None:
+        """Stage the failure of the one-step pipeline's call for ``item``: a FAILED row; raises when it ends the run.
+
+        ``usage`` is what the failed attempt recorded through ``ctx.record_usage``: its row stores it.
+        """
         work = item if isinstance(item, WorkItem) else self._bare_item(item)
         # with a policy the row records the attempt that failed last (docs/adr/0008-in-place-retries.md)
         attempt = work.attempt if self.shared.retry is not None else None
-        on_failure(self, work, StepFailure(work.item_id, self._leaf[1], exc, attempt))
+        on_failure(self, work, StepFailure(work.item_id, self._leaf[1], exc, attempt, usage))
 
     def finish_leaf(self, item: SourceItem | WorkItem, ctx: ItemContext, result: Any) -> None:
         """Stage a finished call of the one-step pipeline's step and acknowledge ``item``: the one place for it.
@@ -117,14 +122,19 @@ class Runner(Committer):
             for name in sets:
                 ctx._mode_check(name, "set")
         except BaseException as exc:
-            self.fail_leaf(item, exc)
+            self.fail_leaf(item, exc, ctx._usage)
             return
         filtered, reason = ctx._filtered
         try:
             if ctx._ops or sets:
                 self._stage_delta(iid, coord.step, sets, ctx._ops)
-            # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
-            self.batch.add_shaped(iid, shape, None if filtered else done)
+            if ctx._usage is None:
+                # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
+                self.batch.add_shaped(iid, shape, None if filtered else done)
+            else:
+                self._stage_completed_usage(iid, coord, ctx)
+                if not filtered:
+                    self.batch.add_shaped(iid, done)
         except BaseException as exc:
             on_failure(self, item if isinstance(item, WorkItem) else self._bare_item(item), exc)
             return

@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from airflow_provider_datagen.core.events import StepCoord
+from airflow_provider_datagen.core.ledger.staging import staged_entries
 from airflow_provider_datagen.core.runner.contract import CONTRACT_STREAK, contract_abort, is_contract_error
 from airflow_provider_datagen.core.runner.signals import StepFailure
 from airflow_provider_datagen.exceptions import ItemFailedError, ProcessInterrupted
@@ -33,6 +34,8 @@ def on_failure(runner: Committer, item: WorkItem, exc: BaseException) -> None:
         raise err
     where = exc.coord if isinstance(exc, StepFailure) else StepCoord()
     failed_id = exc.item_id if isinstance(exc, StepFailure) else item.item_id
+    attempt = exc.attempt if isinstance(exc, StepFailure) else None
+    used = exc.usage if isinstance(exc, StepFailure) else None
     runner.batch.failed(
         failed_id,
         error=err,
@@ -41,7 +44,9 @@ def on_failure(runner: Committer, item: WorkItem, exc: BaseException) -> None:
         enclosing_step=where.enclosing_step,
         iteration=where.iteration,
         fanout_index=where.fanout_index,
-        attempt=exc.attempt if isinstance(exc, StepFailure) else None,
+        attempt=attempt if attempt is not None or not used else item.attempt,
+        # the usage the failed attempt recorded: it counts (money was spent), shown apart
+        usage=staged_entries(shared, used) if used else None,
     )
     if failed_id != item.item_id:
         # A child's failure also fails its root, so the root's failure lens tells the story.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.events import StepCoord, fingerprint_of
 from airflow_provider_datagen.core.ids import child_item_id
+from airflow_provider_datagen.core.ledger.staging import completed_value
 from airflow_provider_datagen.core.runner.attempts import call_step
 from airflow_provider_datagen.core.runner.context import ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.contract import check_result_of
@@ -69,6 +70,9 @@ class Interpreter:
             # Bound once per interpreter, not tested per item: a run without a policy, a rate limit or
             # an async step keeps its path.
             self._run_leaf = self._run_leaf_guarded  # type: ignore[method-assign]
+        if shared.usage is not None and shared.usage.charges:
+            # a rate limit: ctx.record_usage charges it (bound here, never tested per item)
+            self._ctx = self._ctx_charged  # type: ignore[method-assign]
 
     def new_batch(self) -> Batch:
         return self.shared.writer.new_batch()
@@ -94,6 +98,27 @@ class Interpreter:
 
     def _ctx(self, item: WorkItem, coord: StepCoord) -> ItemContext:
         return ItemContext(item.item_id, item.key, item.fingerprint, item.attempt, item.fields, coord, item.modes)
+
+    def _ctx_charged(self, item: WorkItem, coord: StepCoord) -> ItemContext:
+        ctx = ItemContext(item.item_id, item.key, item.fingerprint, item.attempt, item.fields, coord, item.modes)
+        assert self.shared.usage is not None  # bound only then
+        ctx._charge = self.shared.usage.charge
+        return ctx
+
+    def _stage_completed_usage(self, item_id: str, coord: StepCoord, ctx: ItemContext) -> None:
+        """A STEP_COMPLETED carrying the usage ``ctx`` recorded (the attempt's end; see core/ledger/staging.py)."""
+        assert ctx._usage is not None
+        self.batch.step_completed(
+            item_id,
+            step=coord.step or "",
+            processor_version=self.shared.processor_version,
+            step_kind=coord.step_kind,
+            enclosing_step=coord.enclosing_step,
+            iteration=coord.iteration,
+            fanout_index=coord.fanout_index,
+            selector_step=coord.selector_step,
+            value=completed_value(self.shared, ctx.attempt, ctx._usage),
+        )
 
     def _drive(
         self,
@@ -225,8 +250,12 @@ class Interpreter:
         ops: Iterable[tuple[str, str, Any]],
         frame: Any = None,
         shape: Any = None,
+        ctx: ItemContext | None = None,
     ) -> None:
-        """Stage a step's field delta and its STEP_COMPLETED together (one checkpoint unit)."""
+        """Stage a step's field delta and its STEP_COMPLETED together (one checkpoint unit).
+
+        The STEP_COMPLETED carries the usage ``ctx`` recorded, if any.
+        """
         b = self.batch
         self._stage_delta(item.item_id, coord.step, sets, ops)
         for op, name, value in ops:
@@ -239,7 +268,9 @@ class Interpreter:
         for name, value in sets.items():
             item.fields[name] = value
             item.modes[name] = "set"
-        if shape is not None:
+        if ctx is not None and ctx._usage is not None:
+            self._stage_completed_usage(item.item_id, coord, ctx)
+        elif shape is not None:
             b.add_shaped(item.item_id, shape)
         else:
             b.step_completed(
@@ -288,10 +319,10 @@ class Interpreter:
                 for name in sets:
                     ctx._mode_check(name, "set")
         except Exception as exc:
-            raise StepFailure(item.item_id, coord, exc) from exc
+            raise StepFailure(item.item_id, coord, exc, usage=ctx._usage) from exc
         except BaseException as exc:
-            raise StepFailure(item.item_id, coord, exc) from exc
-        self._complete(item, coord, sets, ctx._ops, frame, shape)
+            raise StepFailure(item.item_id, coord, exc, usage=ctx._usage) from exc
+        self._complete(item, coord, sets, ctx._ops, frame, shape, ctx)
         if ctx._filtered[0]:
             raise Filtered(ctx._filtered[1])
 
@@ -301,16 +332,19 @@ class Interpreter:
             return
         if self._flush_due():
             self.flush()
+        calls: list[ItemContext] = []
         try:
-            result, ctx = call_step(self, item, step, coord)
+            result, ctx = call_step(self, item, step, coord, calls)
             sets = self._check_result(item, step, result)
             if sets:
                 for name in sets:
                     ctx._mode_check(name, "set")
         except BaseException as exc:
             attempt = item.attempt if self.shared.retry is not None else None
-            raise StepFailure(item.item_id, coord, exc, attempt=attempt) from exc
-        self._complete(item, coord, sets, ctx._ops, frame, shape)
+            # the last attempt's usage goes with its FAILED row (an earlier one's went with its transient row)
+            usage = calls[-1]._usage if calls else None
+            raise StepFailure(item.item_id, coord, exc, attempt=attempt, usage=usage) from exc
+        self._complete(item, coord, sets, ctx._ops, frame, shape, ctx)
         if ctx._filtered[0]:
             raise Filtered(ctx._filtered[1])
 
@@ -411,8 +445,8 @@ class Interpreter:
                 for f in children_fields:
                     sets.update(f)
         except Exception as exc:
-            raise StepFailure(item.item_id, coord, exc) from exc
-        self._complete(item, coord, sets, [])
+            raise StepFailure(item.item_id, coord, exc, usage=ctx._usage) from exc
+        self._complete(item, coord, sets, [], ctx=ctx)
 
 
 def step_names(step: Step) -> set[str]:

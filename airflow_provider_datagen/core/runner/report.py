@@ -26,6 +26,8 @@ class RunReport:
     events: int = 0
     errors: dict[str, str] = field(default_factory=dict)
     plan: ResumePlan | None = None
+    #: the budget was reached: no new item started after it, the rest stays pending
+    stopped_by_budget: bool = False
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -45,5 +47,6 @@ class RunReport:
             f"RunReport(processed={len(self.processed)}, skipped={len(self.skipped)}, "
             f"replayed={len(self.replayed)}, failed={len(self.failed)}"
             + (f" [{failed}]" if failed else "")
-            + f", invocations={self.invocations}, commits={self.commits}, events={self.events})"
+            + f", invocations={self.invocations}, commits={self.commits}, events={self.events}"
+            + (", stopped_by_budget=True)" if self.stopped_by_budget else ")")
         )

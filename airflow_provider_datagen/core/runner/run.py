@@ -7,10 +7,13 @@ Acknowledged items are never invoked again (see docs/design.md, Resume).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.core.ledger import budget as budget_module
+from airflow_provider_datagen.core.ledger.budget import Budget, RunUsage
 from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, check_redo_completed, classify
 from airflow_provider_datagen.core.ratelimit import RateLimit, open_limiter
 from airflow_provider_datagen.core.retry import RetryPolicy
@@ -58,6 +61,8 @@ def run_items(
     retry: RetryPolicy | None = None,
     rate_limit: RateLimit | None = None,
     rate_limit_storage: str | None = None,
+    budget_usd: float | None = None,
+    budget_tokens: int | None = None,
 ) -> RunReport:
     """Process every pending item of ``items`` and record it in ``log``; touch nothing that is done.
 
@@ -110,6 +115,12 @@ def run_items(
     Selectors, fan-out callables and ``reduce`` are not retried (see
     :class:`~airflow_provider_datagen.core.RetryPolicy` and docs/adr/0008-in-place-retries.md).
 
+    ``budget_usd=`` / ``budget_tokens=`` (positive, or None: no limit) stop the run on the usage
+    ledger: once what the log holds (every writer's recorded usage) plus what this run recorded
+    reaches either, no new item starts; items already started finish, nothing is marked failed, and
+    the report says ``stopped_by_budget``. The rest stays pending for a run with a higher budget
+    (see docs/adr/0011-usage-ledger.md for the bound on overshoot).
+
     ``redo_completed="other_version"`` regenerates items completed (or filtered) under another
     processor version; ``"never"`` (the default) keeps them (see :func:`~airflow_provider_datagen.core.plan_resume`).
     """
@@ -137,12 +148,16 @@ def run_items(
             "run_items", "retry", retry, "is not a RetryPolicy", "pass RetryPolicy(...) (or RetryPolicy.from_dict(d))"
         )
     rate_limit = RateLimit.coerce(rate_limit, owner="run_items")
+    budget = Budget.of("run_items", budget_usd, budget_tokens)
     pipeline = as_pipeline(process_or_pipeline)
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
     states = log.states()
     plan = classify(source, states, processor_version, log.version, redo_completed=redo_completed)
     report = RunReport(skipped=list(plan.skip), plan=plan)
+    if budget.is_set:
+        # other tasks see this run's spend only once it is committed: keep that lag short
+        checkpoint_interval = min(checkpoint_interval, budget_module.COMMIT_SECONDS)
     policy = CommitPolicy.of(checkpoint_every, checkpoint_interval)
     shared = RunShared(
         log=log,
@@ -168,6 +183,19 @@ def run_items(
     steps_loop = LoopThread() if not one_step and has_async(pipeline) else None
     if steps_loop is not None:
         shared.bridge = steps_loop.call
+    meter = None
+    if budget.is_set or limiter is not None:
+        # the run's usage tally (a budget) and the charge of recorded usage to the rate limit
+        meter = shared.usage = RunUsage(log, (writer_id, epoch), budget, limiter=limiter)
+        if budget.is_set:
+            log.set_budget(budget.usd, budget.tokens)
+            shared.stop_pulling = meter.stop_pulling
+
+            def near() -> None:
+                # close to the budget: each acknowledgement is committed at once (a time bound of 0)
+                shared.policy = dataclasses.replace(shared.policy, interval=0.0)
+
+            meter.on_near = near
     runner = Runner(shared, report)
     by_id = {s.item_id: s for s in source}
     total = len(plan.pending)
@@ -198,15 +226,22 @@ def run_items(
             # both phases in one pool: the replays first, then the pulls, with no drain between
             run_pulls_concurrently(runner, writer, replays, restart, by_id, plan, concurrency, tick)
         else:
+            stop = shared.stop_pulling  # a budget: checked before each new root item
             for src, st in replays:
+                if stop is not None and stop():
+                    break
                 runner.run_root(src, st, replayed=True)
                 tick()
             if policy.pipelined:
                 runner.ack_bound = cap + 1  # never reached: each pull's acks commit with the next pull
             for chunk in pulls(restart, cap, checkpoint_interval):
+                if stop is not None and stop():
+                    break
                 writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
                 runner.pull([(by_id[iid], None) for iid in chunk])
                 for iid in chunk:
+                    if stop is not None and stop():
+                        break
                     if one_step:
                         run_leaf(by_id[iid], iid in replayed_restarts)
                     else:
@@ -216,6 +251,13 @@ def run_items(
                     tick()
         runner.flush()
         writer.sync()  # every acknowledgement has landed before the report is returned
+        if meter is not None and meter.stopped is not None:
+            report.stopped_by_budget = True
+            logger.warning(
+                "stopped by the budget (%s): %d items stay pending; raise budget_usd/budget_tokens and rerun",
+                meter.stopped,
+                total - done,
+            )
     except BaseException:
         # Whatever ends the run (a timeout, fail_fast), a pipelined append in flight lands or fails
         # before we return: nothing may write to the log after run_items is gone.

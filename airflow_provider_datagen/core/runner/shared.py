@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from airflow_provider_datagen.core.events import StepCoord
+    from airflow_provider_datagen.core.ledger.budget import RunUsage
     from airflow_provider_datagen.core.retry import RetryPolicy
     from airflow_provider_datagen.core.steps import Step
     from airflow_provider_datagen.core.store.batch import Batch
@@ -173,6 +174,9 @@ class RunShared:
     permits: threading.Semaphore | None = None
     #: ``run_items(retry=...)``: leaf step calls are retried in place (attempts.py); None: no retry
     retry: RetryPolicy | None = None
+    #: with a budget or a rate limit: the run's usage tally and charge (core/ledger); None: usage
+    #: recorded through ctx is only staged with its attempt
+    usage: RunUsage | None = None
     #: THE place a rate limiter's ``acquire()`` goes: called before every attempt of a leaf step call,
     #: the first included (attempts.py). None by default: a run without a limiter or a policy keeps the
     #: unguarded path, which does nothing of this per item.

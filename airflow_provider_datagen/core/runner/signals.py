@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core.events import StepCoord
+    from airflow_provider_datagen.core.ledger.records import UsageRecord
 
 
 class Filtered(Exception):
@@ -18,13 +19,22 @@ class Filtered(Exception):
 class StepFailure(Exception):
     """Carries the failing item and coordinates of a step's error up to the root item."""
 
-    def __init__(self, item_id: str, coord: StepCoord, exc: BaseException, attempt: int | None = None) -> None:
+    def __init__(
+        self,
+        item_id: str,
+        coord: StepCoord,
+        exc: BaseException,
+        attempt: int | None = None,
+        usage: list[UsageRecord] | None = None,
+    ) -> None:
         super().__init__(str(exc))
         self.item_id = item_id
         self.coord = coord
         self.__cause__ = exc
         #: with a retry policy: the item's attempt that failed last (its FAILED row records it)
         self.attempt = attempt
+        #: the usage the failed attempt recorded (its FAILED row stores it): money spent all the same
+        self.usage = usage
 
 
 class RunEnded(BaseException):

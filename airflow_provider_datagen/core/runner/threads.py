@@ -104,13 +104,18 @@ class ItemWorker(Interpreter):
             for name in sets:
                 ctx._mode_check(name, "set")
         except BaseException as exc:
-            return None, StepFailure(iid, coord, exc)
+            return None, StepFailure(iid, coord, exc, usage=ctx._usage)
         filtered, reason = ctx._filtered
         try:
             if ctx._ops or sets:
                 self._stage_delta(iid, coord.step, sets, ctx._ops)
-            # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
-            self.batch.add_shaped(iid, shape, None if filtered else done)
+            if ctx._usage is None:
+                # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
+                self.batch.add_shaped(iid, shape, None if filtered else done)
+            else:  # as Runner.finish_leaf: a STEP_COMPLETED carrying the recorded usage
+                self._stage_completed_usage(iid, coord, ctx)
+                if not filtered:
+                    self.batch.add_shaped(iid, done)
         except BaseException as exc:
             return None, exc
         self.steps += 1
@@ -355,6 +360,7 @@ def run_concurrent(
     bound = 2 * concurrency  # queued or running: a thread that finishes finds its next item queued
     submitted = 0
     stopped: ItemFailedError | ProcessContractError | None = None
+    budget_reached = False
     waiting = False
     handoff = shared.handoff
     report = runner.report
@@ -362,7 +368,12 @@ def run_concurrent(
 
     try:
         while True:
-            while stopped is None and outstanding < bound:
+            while stopped is None and not budget_reached and outstanding < bound:
+                if shared.stop_pulling is not None and shared.stop_pulling():
+                    # a budget is reached: start nothing new (the queued items stay pending), finish what runs
+                    budget_reached = True
+                    outstanding -= _unqueue(report, workers.unstarted())
+                    break
                 job = next(todo, None)
                 if job is None:
                     break

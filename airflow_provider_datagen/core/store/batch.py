@@ -285,8 +285,13 @@ class Batch:
         iteration: int | None = None,
         fanout_index: int | None = None,
         selector_step: str | None = None,
+        value: Any = None,
     ) -> None:
-        """A checkpointed step boundary: the resume cursor, valid for ``processor_version`` only."""
+        """A checkpointed step boundary: the resume cursor, valid for ``processor_version`` only.
+
+        ``value``: the attempt's usage record ``{"attempt", "usage"}`` (docs/adr/0011-usage-ledger.md),
+        small JSON in the value columns; None for a step that recorded no usage.
+        """
         item_id = self._id(item_id)
         w = self._writer
         shape = w.shape(
@@ -300,7 +305,13 @@ class Batch:
             processor_version or w.processor_version,
             None,
         )
-        self.events.append((item_id, shape, None, shape.id_tail, None))
+        if value is None:
+            self.events.append((item_id, shape, None, shape.id_tail, None))
+            return
+        enc = encode_value(value, what=f"usage record of item {item_id!r}")
+        tail = f"{shape.id_coords}{SEP}{SEP}{enc.kind}:{enc.digest}{SEP}{SEP}"
+        self.with_extras.append(len(self.events))
+        self.events.append((item_id, shape, None, tail, (None, enc, None, None)))
 
     def failed(
         self,
@@ -316,13 +327,15 @@ class Batch:
         attempt: int | None = None,
         transient: bool = False,
         wait: float | None = None,
+        usage: list[dict[str, Any]] | None = None,
     ) -> None:
         """A step raised: a failure-lens row; the item stays running and is retried later.
 
         With a retry policy the row also says which ``attempt`` it was and, for an attempt retried in
         place (``transient``), the ``wait`` before the next one, as the JSON ``{"attempt", "transient",
         "wait"}`` in the value columns; a transient row is stored with status ``transient``, which the
-        folds keep out of the item's ``failures`` (see docs/adr/0008-in-place-retries.md).
+        folds keep out of the item's ``failures`` (see docs/adr/0008-in-place-retries.md). The
+        ``usage`` entries the failed attempt recorded join that JSON (docs/adr/0011-usage-ledger.md).
         """
         item_id = self._id(item_id)
         if isinstance(error, BaseException):
@@ -341,10 +354,12 @@ class Batch:
         err = ErrorInfo(etype, _clip(message) or "", _clip(traceback))
         enc = None
         value_part = ""
-        if attempt is not None or transient:
+        if attempt is not None or transient or usage:
             payload: dict[str, Any] = {"attempt": attempt, "transient": transient}
             if wait is not None:
                 payload["wait"] = wait
+            if usage:
+                payload["usage"] = usage
             enc = encode_value(payload, what=f"attempt record of item {item_id!r}")
             value_part = f"{enc.kind}:{enc.digest}"
         tail = f"{shape.id_coords}{SEP}{SEP}{value_part}{SEP}{id_part(err.type)}{SEP}{id_part(err.message)}"

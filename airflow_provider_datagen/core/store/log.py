@@ -39,7 +39,7 @@ from airflow_provider_datagen.core.schema import (
 )
 from airflow_provider_datagen.core.sources import snapshot_digest
 from airflow_provider_datagen.core.status import summarize
-from airflow_provider_datagen.core.store import lance_io, maintenance, projection
+from airflow_provider_datagen.core.store import lance_io, ledger, maintenance, projection
 from airflow_provider_datagen.core.store.batch import check_item_id
 from airflow_provider_datagen.core.store.paths import is_local, local_path, log_uri, projection_uri, snapshot_uri
 from airflow_provider_datagen.core.store.writer import Committer, LogWriter
@@ -109,6 +109,8 @@ class CheckpointLog:
         self._committer: Committer | None = None
         #: the last fold, see projection.memo_base
         self._memo: projection.FoldMemo | None = None
+        #: the last usage read, see ledger.UsageMemo
+        self._usage_memo: ledger.UsageMemo | None = None
         self._appends_since_check = 0
         self.projection_uri = projection_uri(self.uri)
 
@@ -520,7 +522,31 @@ class CheckpointLog:
         """The ``datagen_status`` dict of this log (see :func:`~airflow_provider_datagen.core.status.summarize`)."""
         if states is None:
             states = self.states()
-        return summarize(states, pipeline=self.pipeline, experiment=self.experiment, log_version=self.version)
+        return summarize(
+            states, pipeline=self.pipeline, experiment=self.experiment, log_version=self.version, usage=self.usage()
+        )
+
+    # --- the usage ledger (see ledger.py and docs/adr/0011-usage-ledger.md) ----------------------
+
+    def usage(self) -> dict[str, Any]:
+        """Calls, tokens and cost of every attempt ever recorded, by model; failed attempts' cost apart."""
+        return ledger.usage(self)
+
+    def item_usage(self, item_id: str) -> dict[str, Any]:
+        """:meth:`usage` of one root item (and its fan-out children), plus its usage per attempt."""
+        return ledger.item_usage(self, check_item_id(item_id))
+
+    def usage_spend(self, *, exclude_writer: tuple[str, int] | None = None) -> tuple[int, int]:
+        """(nano-dollars, tokens) spent, without what ``exclude_writer=(writer_id, epoch)`` wrote."""
+        return ledger.spend(self, exclude_writer)
+
+    def budget(self) -> dict[str, Any]:
+        """``{"budget_usd", "budget_tokens"}``: what the last plan or map task set (None: no limit)."""
+        return ledger.budget(self)
+
+    def set_budget(self, budget_usd: float | None, budget_tokens: int | None) -> bool:
+        """Record the experiment's budget (what :meth:`budget` and the UI read); False if unchanged."""
+        return ledger.set_budget(self, budget_usd, budget_tokens)
 
     # --- blobs, stats, snapshots ------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ LOG_DIR = "log.lance"
 #: Beside the log: the disposable state projection, inline-source snapshots, the maintenance lease.
 PROJECTION_DIR = "state.lance"
 SNAPSHOTS_DIR = "sources"
+#: the budget the last plan or map task set (docs/adr/0011-usage-ledger.md): one row, overwritten
+BUDGET_DIR = "budget.lance"
 LEASE_FILE = ".maintenance.lock"
 #: The maintenance lease on an object store (an object, see core/store/lease.py).
 LEASE_OBJECT = ".maintenance.lease"
@@ -46,6 +48,11 @@ def experiment_uri(log_uri: str) -> str:
 def projection_uri(log_uri: str) -> str:
     """The URI of the state projection of the log at ``log_uri``."""
     return f"{experiment_uri(log_uri)}/{PROJECTION_DIR}"
+
+
+def budget_uri(log_uri: str) -> str:
+    """The URI of the experiment's budget record (see :data:`BUDGET_DIR`)."""
+    return f"{experiment_uri(log_uri)}/{BUDGET_DIR}"
 
 
 def snapshot_uri(log_uri: str, digest: str) -> str:

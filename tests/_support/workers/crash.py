@@ -34,6 +34,9 @@ import sys
 import time
 from typing import Any
 
+#: what each call records with ``--usage``: a priced call (the caller's cost) and an unpriced one
+USAGE = {"model": "test:fixed", "input_tokens": 10, "output_tokens": 5, "cost_usd": 0.001, "calls": 1}
+
 
 def _die() -> None:
     sys.stdout.flush()
@@ -64,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=1, help="run_items(concurrency=N): items in threads")
     p.add_argument("--async-process", action="store_true", help="the flat process as async def")
     p.add_argument("--transient", action="store_true", help="every fifth item fails its first attempt (retried)")
+    p.add_argument("--usage", action="store_true", help="each call records usage (see USAGE) through ctx")
     return p.parse_args(argv)
 
 
@@ -82,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "invocation" and counts["invocations"] >= k:
                 _die()
             counts["invocations"] += 1
+            if args.usage:
+                ctx.record_usage(**USAGE)
             if args.sleep_ms and not args.async_process:
                 time.sleep(args.sleep_ms / 1000.0)
             super().__call__(ctx)

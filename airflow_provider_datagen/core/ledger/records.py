@@ -1,0 +1,91 @@
+"""What ``ctx.record_usage`` keeps (:class:`UsageRecord`) and the entries an attempt's row stores.
+
+An attempt's usage goes into the JSON value of the event that ends the attempt: its STEP_COMPLETED,
+or its FAILED row (transient or not), as ``{"attempt": n, "usage": [entry, ...]}`` with one entry
+per model (see docs/adr/0011-usage-ledger.md)::
+
+    {"model": "openai:gpt-5-mini", "calls": 2, "input_tokens": 1624, "output_tokens": 480,
+     "cost_usd": 0.001366, "unpriced_calls": 0}
+
+``cost_usd`` sums the priced calls (None when none was priced); ``unpriced_calls`` counts the others.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from airflow_provider_datagen.core.ledger.pricing import price_usd
+from airflow_provider_datagen.exceptions import bad_argument
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+_OWNER = "ctx.record_usage"
+#: the most characters of a model name (a longer one is not a name)
+MAX_MODEL = 200
+
+
+class UsageRecord(NamedTuple):
+    """One ``ctx.record_usage`` call, checked and priced."""
+
+    model: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    #: the caller's cost, else the genai-prices price; None: unpriced
+    cost_usd: float | None
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def _count(param: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise bad_argument(_OWNER, param, value, f"is not an int >= {low}", "give the count the model reported")
+    return value
+
+
+def usage_record(model: Any, input_tokens: Any, output_tokens: Any, cost_usd: Any, calls: Any) -> UsageRecord:
+    """A :class:`UsageRecord` of the arguments, checked; priced with genai-prices unless ``cost_usd`` is given."""
+    if not isinstance(model, str) or not model or len(model) > MAX_MODEL:
+        raise bad_argument(
+            _OWNER, "model", model, "is not a model name", "give the model's name, e.g. 'openai:gpt-5-mini'"
+        )
+    calls = _count("calls", calls, 1)
+    input_tokens = _count("input_tokens", input_tokens, 0)
+    output_tokens = _count("output_tokens", output_tokens, 0)
+    if cost_usd is not None:
+        if isinstance(cost_usd, bool) or not isinstance(cost_usd, (int, float)) or not math.isfinite(cost_usd):
+            raise bad_argument(_OWNER, "cost_usd", cost_usd, "is not a number", "give the cost in USD, or None")
+        if cost_usd < 0:
+            raise bad_argument(_OWNER, "cost_usd", cost_usd, "is negative", "give the cost in USD, or None")
+        cost: float | None = float(cost_usd)
+    else:
+        cost = price_usd(model, input_tokens, output_tokens)
+    return UsageRecord(model, calls, input_tokens, output_tokens, cost)
+
+
+def attempt_entries(records: Iterable[UsageRecord]) -> list[dict[str, Any]]:
+    """The stored entries of one attempt's records: one per model, in the order models were first seen."""
+    by_model: dict[str, dict[str, Any]] = {}
+    for r in records:
+        e = by_model.get(r.model)
+        if e is None:
+            e = by_model[r.model] = {
+                "model": r.model,
+                "calls": 0,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cost_usd": None,
+                "unpriced_calls": 0,
+            }
+        e["calls"] += r.calls
+        e["input_tokens"] += r.input_tokens
+        e["output_tokens"] += r.output_tokens
+        if r.cost_usd is None:
+            e["unpriced_calls"] += r.calls
+        else:
+            e["cost_usd"] = (e["cost_usd"] or 0.0) + r.cost_usd
+    return list(by_model.values())

@@ -1,0 +1,167 @@
+"""The log's usage reads (the usage lens over its rows) and the experiment's budget record.
+
+Usage lives in the value of the STEP_COMPLETED and FAILED rows that end attempts (see
+``core/fold/usage.py``); a read scans only those rows that carry a value, so a log without usage
+costs one pass over two light columns. The sums are remembered by the log object (unless it was
+opened with ``remember_fold=False``), so the next read scans only the rows committed since: a run's
+budget re-reads the log's spend often. The budget a plan or map task set is a one-row Lance dataset
+beside the log (``budget.lance``), overwritten when a task sets another: not an event, because a
+budget is a setting of the experiment, not something that happened to an item, and the UI reads it
+without folding anything. See docs/adr/0011-usage-ledger.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from airflow_provider_datagen.core.fold.usage import (
+    USAGE_COLUMNS,
+    Sums,
+    add_sums,
+    attempts_of_events,
+    spend_of_sums,
+    sums_of_table,
+    usage_of_events,
+    usage_of_sums,
+)
+from airflow_provider_datagen.core.store import lance_io
+from airflow_provider_datagen.core.store.paths import budget_uri
+
+if TYPE_CHECKING:
+    from airflow_provider_datagen.core.store.log import CheckpointLog
+
+logger = logging.getLogger(__name__)
+
+_BUDGET_SCHEMA = pa.schema(
+    [
+        ("budget_usd", pa.float64()),
+        ("budget_tokens", pa.int64()),
+        ("set_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+NO_BUDGET = {"budget_usd": None, "budget_tokens": None}
+#: tries at recording a budget when concurrent tasks' writes conflict
+_BUDGET_WRITE_ATTEMPTS = 5
+_USAGE_FILTER = "event_type IN ('STEP_COMPLETED', 'FAILED') AND value_kind IS NOT NULL"
+
+
+@dataclass(frozen=True)
+class UsageMemo:
+    """The usage sums of a log up to a version, kept by the log object so the next read folds only what is new.
+
+    ``keys`` (sorted) are the event keys already summed: a copy of one of them landing later (a batch
+    retried after it landed) is not summed again. A key is the first 64 bits of the event id, so
+    across two reads a copy is recognised by its key; within one read, by its full id.
+    """
+
+    version: int
+    token: Any
+    sums: Sums
+    keys: np.ndarray
+
+
+def _sums(log: CheckpointLog) -> Sums:
+    """The log's usage sums per writer, from the memo plus the rows committed since when it can."""
+    ds = log._dataset()
+    if ds is None:
+        return {}
+    version = int(ds.version)
+    memo: UsageMemo | None = log._usage_memo
+    base = None
+    if (
+        memo is not None
+        and memo.version <= version
+        and memo.token is not None
+        and lance_io.row_versions(ds)
+        and memo.token == lance_io.version_token(log.uri, memo.version, ds)
+    ):
+        base = memo
+    if base is not None and base.version == version:
+        return base.sums
+    where = _USAGE_FILTER if base is None else f"{_USAGE_FILTER} AND _row_created_at_version > {base.version}"
+    rows = log._scan_ds(ds, [*USAGE_COLUMNS, "event_key"], where)
+    keys = rows["event_key"].to_numpy()
+    if base is not None and len(keys):
+        fresh = ~np.isin(keys, base.keys)
+        if not fresh.all():
+            rows, keys = rows.filter(pa.array(fresh)), keys[fresh]
+    sums = sums_of_table(rows)
+    if base is not None:
+        sums = add_sums({k: list(v) for k, v in base.sums.items()}, sums)
+        keys = np.concatenate([base.keys, keys])
+    if log.remember_fold:
+        token = lance_io.version_token(log.uri, version, ds)
+        log._usage_memo = UsageMemo(version, token, sums, np.unique(keys))
+    return sums
+
+
+def usage(log: CheckpointLog) -> dict[str, Any]:
+    """``CheckpointLog.usage()``."""
+    return usage_of_sums(_sums(log))
+
+
+def spend(log: CheckpointLog, exclude_writer: tuple[str, int] | None) -> tuple[int, int]:
+    """(nano-dollars, tokens) the log holds, without what ``exclude_writer`` wrote at its epoch."""
+    return spend_of_sums(_sums(log), exclude_writer=exclude_writer)
+
+
+def item_usage(log: CheckpointLog, item_id: str) -> dict[str, Any]:
+    """``CheckpointLog.item_usage()``: a root item's usage (its fan-out children's included) by attempt."""
+    events = log.subtree(item_id) if "/" not in item_id else log.events(item_id)
+    out = usage_of_events(events)
+    out["attempts"] = attempts_of_events(events)
+    return out
+
+
+def budget(log: CheckpointLog) -> dict[str, Any]:
+    """``CheckpointLog.budget()``: the budget the last plan or map task set, or None for each part."""
+    uri = budget_uri(log.uri)
+    if not lance_io._dataset_exists(uri, log.storage_options):
+        return dict(NO_BUDGET)
+    try:
+        row = lance_io.open_dataset(uri, log.storage_options).to_table().to_pylist()
+    except lance_io.LANCE_ERRORS as exc:
+        raise lance_io.translate(exc, uri, "reading the budget") from None
+    if not row:
+        return dict(NO_BUDGET)
+    return {"budget_usd": row[-1]["budget_usd"], "budget_tokens": row[-1]["budget_tokens"]}
+
+
+def set_budget(log: CheckpointLog, budget_usd: float | None, budget_tokens: int | None) -> bool:
+    """Record the experiment's budget when it differs from the recorded one; returns whether it wrote.
+
+    A task without a budget clears a recorded one (the UI must not show a limit nobody applies); one
+    with the same budget writes nothing, so mapped tasks starting together rarely race, and when two
+    do, both write the same row.
+    """
+    wanted = {"budget_usd": budget_usd, "budget_tokens": budget_tokens}
+    if budget(log) == wanted:
+        return False
+    table = pa.table(
+        {
+            "budget_usd": [budget_usd],
+            "budget_tokens": [budget_tokens],
+            "set_at": [dt.datetime.now(dt.UTC)],
+        },
+        schema=_BUDGET_SCHEMA,
+    )
+    uri = budget_uri(log.uri)
+    for attempt in range(_BUDGET_WRITE_ATTEMPTS):
+        try:
+            lance_io.overwrite_dataset(table, uri, log.storage_options)
+            break
+        except lance_io.LANCE_ERRORS as exc:
+            # mapped tasks starting together race to record the same budget: a lost race that
+            # left ours recorded is done; another budget recorded meanwhile is overwritten again
+            if budget(log) == wanted:
+                return False
+            if attempt + 1 == _BUDGET_WRITE_ATTEMPTS:
+                raise lance_io.translate(exc, uri, "recording the budget") from None
+    logger.info("experiment %s/%s: budget set to %s", log.pipeline, log.experiment, budget_usd or budget_tokens)
+    return True
