@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_datagen.core.events import _FAST, fingerprint_of
+from airflow_provider_datagen.core.events import _FAST, fingerprint_of, orjson_canonical
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.exceptions import InvalidItemError, bad_argument
@@ -146,11 +146,13 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
             else:
                 iid = None
             if iid is not None and iid not in seen:
-                try:
-                    raw = "".join(encode(item, 0)).encode("utf-8")
-                except Exception:
-                    pass  # _prepare_one re-encodes through canonical_json and raises its error
-                else:
+                raw = orjson_canonical(item)
+                if raw is None:
+                    try:
+                        raw = "".join(encode(item, 0)).encode("utf-8")
+                    except Exception:
+                        raw = None  # _prepare_one re-encodes through canonical_json and raises its error
+                if raw is not None:
                     seen[iid] = pos
                     append(draft(iid, iid, item, sha256(raw).hexdigest()[:32], pos))
                     continue
