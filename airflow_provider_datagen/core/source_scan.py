@@ -144,8 +144,10 @@ def _jsonl_batches(path: str) -> Iterator[tuple[list[Any], np.ndarray]]:
 def _lines(fh: Any) -> Iterator[bytes]:
     # text mode splits on \r too; a JSON line holds no raw \r or \n, so \n-split lines with a trailing
     # \r are the same rows (orjson and json both take the \r as whitespace)
-    if hasattr(fh, "readline") and not isinstance(fh, pa.NativeFile):
-        yield from fh
+    if not isinstance(fh, pa.NativeFile):
+        # not ``yield from fh``: closing this generator early would close the file too
+        for line in fh:
+            yield line
         return
     buf = b""
     while True:
