@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.schema import ItemStatus
-from airflow_provider_datagen.core.sources import SourceItem, prepare_items
+from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, prepare_items
 from airflow_provider_datagen.core.status import NO_VERSION, version_counts
 from airflow_provider_datagen.exceptions import bad_argument
 
@@ -134,11 +134,19 @@ def classify(
     """
     check_redo_completed("classify", redo_completed)
     ids = [s.item_id for s in source]
-    return _classify(source, ids, states, processor_version, log_version, index, redo_completed)
+    return _classify(_fingerprints_of(source), ids, states, processor_version, log_version, index, redo_completed)
+
+
+def _fingerprints_of(source: list[SourceItem]) -> Callable[[np.ndarray], pa.Array]:
+    return lambda rows: pa.array([source[i].fingerprint for i in rows.tolist()], pa.string())
+
+
+def _fingerprints_in(fps: list[str]) -> Callable[[np.ndarray], pa.Array]:
+    return lambda rows: pa.array([fps[i] for i in rows.tolist()], pa.string())
 
 
 def _classify(
-    source: list[SourceItem],
+    fingerprints: Callable[[np.ndarray], pa.Array],
     ids: list[str],
     states: pa.Table,
     processor_version: str | None,
@@ -151,7 +159,7 @@ def _classify(
     # of the state table is copied; fingerprints, the only wide comparison, are built and compared a
     # chunk at a time; and the lists handed back reuse the source's own id strings.
     plan = ResumePlan(log_version=log_version)
-    n = len(source)
+    n = len(ids)
     if not n:
         return plan
     if states.num_rows == 0:
@@ -161,9 +169,7 @@ def _classify(
         idx = pc.index_in(pa.array(ids, pa.string()), value_set=states["item_id"])
         index = np.asarray(idx.fill_null(-1).to_numpy(zero_copy_only=False))
         del idx
-    masks = match_states(
-        n, lambda rows: pa.array([source[i].fingerprint for i in rows.tolist()], pa.string()), states, index
-    )
+    masks = match_states(n, fingerprints, states, index)
     del index
     cls, plan.kept_other_version = classes(masks, states, processor_version, redo_completed)
     id_arr = np.array(ids, dtype=object)
@@ -267,12 +273,30 @@ def plan_resume(
     Any other value raises :class:`~airflow_provider_datagen.exceptions.ConfigurationError`.
     """
     check_redo_completed("plan_resume", redo_completed)
+    if isinstance(items, (list, tuple)) and not (items and isinstance(items[0], SourceItem)):
+        # raw dicts: ids and fingerprints straight from the rows, no item objects, when every row is
+        # plain and the keys are unique; otherwise prepare_items builds the items or raises
+        fast = fingerprint_rows(list(items), key_field)
+        if fast is not None and len(set(fast[0])) == len(fast[0]):
+            ids, fps = fast
+            return _plan(log, ids, _fingerprints_in(fps), states, processor_version, redo_completed)
     source = as_source(items, key_field)
     ids = [s.item_id for s in source]
+    return _plan(log, ids, _fingerprints_of(source), states, processor_version, redo_completed)
+
+
+def _plan(
+    log: CheckpointLog,
+    ids: list[str],
+    fingerprints: Callable[[np.ndarray], pa.Array],
+    states: pa.Table | None,
+    processor_version: str | None,
+    redo_completed: str,
+) -> ResumePlan:
     index = None
     if states is None:
         states, index = log.states_for(ids)
-    return _classify(source, ids, states, processor_version, log.version, index, redo_completed)
+    return _classify(fingerprints, ids, states, processor_version, log.version, index, redo_completed)
 
 
 def as_source(items: Iterable[Any], key_field: str) -> list[SourceItem]:

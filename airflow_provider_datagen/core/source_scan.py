@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items
+from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, load_source, prepare_items
 from airflow_provider_datagen.core.store.lance_io import lance_source_batches, lance_source_rows
 from airflow_provider_datagen.exceptions import InvalidItemError
 
@@ -64,13 +64,17 @@ def scan_source(path: str, key_field: str, storage_options: dict[str, str] | Non
     fps: list[pa.Array] = []
     offsets: list[np.ndarray] = []
     try:
-        for rows, offs in _batches(path, storage_options):
-            items = prepare_items(rows, key_field)
-            ids.append(pa.array([s.item_id for s in items], pa.string()))
-            fps.append(pa.array([s.fingerprint for s in items], pa.string()))
+        for rows, offs, plain in _batches(path, storage_options):
+            fast = fingerprint_rows(rows, key_field, plain=plain)
+            if fast is None:
+                items = prepare_items(rows, key_field)
+                fast = [s.item_id for s in items], [s.fingerprint for s in items]
+                del items
+            ids.append(pa.array(fast[0], pa.string()))
+            fps.append(pa.array(fast[1], pa.string()))
             if offs is not None:
                 offsets.append(offs)
-            del rows, items
+            del rows, fast
     except InvalidItemError:
         load_source(path, key_field)  # raises the error naming the item by its place in the whole source
         raise
@@ -85,10 +89,12 @@ def scan_source(path: str, key_field: str, storage_options: dict[str, str] | Non
     )
 
 
-def _batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tuple[list[Any], np.ndarray | None]]:
+def _batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tuple[list[Any], np.ndarray | None, bool]]:
+    """Each batch's rows, their byte offsets (JSONL) and whether its schema makes every value plain."""
     kind = source_format(path)
     if kind == JSONL:
-        yield from _jsonl_batches(path)
+        for rows, offsets in _jsonl_batches(path):
+            yield rows, offsets, False
         return
     batches = (
         _parquet_file(path).iter_batches(batch_size=SCAN_BATCH)
@@ -96,7 +102,18 @@ def _batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tupl
         else lance_source_batches(path, storage_options, SCAN_BATCH)
     )
     for batch in batches:
-        yield batch.to_pylist(), None
+        yield batch.to_pylist(), None, all(_plain_type(f.type) for f in batch.schema)
+
+
+def _plain_type(kind: pa.DataType) -> bool:
+    """Whether every value of an Arrow type is a str, an int of 64 bits at most, a bool or None."""
+    return bool(
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_integer(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_null(kind)
+    )
 
 
 def _parquet_file(path: str) -> pq.ParquetFile:

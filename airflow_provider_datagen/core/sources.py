@@ -13,10 +13,11 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_datagen.core.events import _FAST, fingerprint_of, orjson_canonical
+from airflow_provider_datagen.core.events import _FAST, ORJSON_OPTIONS, fingerprint_of, orjson_canonical, orjson_plain
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.exceptions import InvalidItemError, bad_argument
@@ -161,6 +162,49 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
 
 
 _MISSING = object()
+_PLAIN = frozenset((str, int, bool, type(None)))
+
+
+def fingerprint_rows(rows: list[Any], key_field: str, *, plain: bool = False) -> tuple[list[str], list[str]] | None:
+    """Item ids and input fingerprints of plain rows, fast; None as soon as a row needs :func:`prepare_items`.
+
+    Plain: a dict keyed by a str needing no escaping or a small int, of values orjson encodes as the
+    stdlib does (``events.orjson_plain``). The ids and fingerprints are exactly what ``prepare_items``
+    would give, without building an item per row; uniqueness is the caller's to check (a streamed
+    plan checks it once over the whole source). Anything else, valid or not, is for
+    ``prepare_items``, which builds it or raises the error naming it. ``plain=True`` says every value
+    is already known plain (an Arrow batch of string, integer and boolean columns), so none is checked.
+    """
+    ids: list[str] = []
+    fps: list[str] = []
+    add_id, add_fp = ids.append, fps.append
+    dumps, options, sha256 = orjson.dumps, ORJSON_OPTIONS, hashlib.sha256
+    scalars, plain_value, missing = _PLAIN, orjson_plain, _MISSING
+    for row in rows:
+        if type(row) is not dict:
+            return None
+        key = row.get(key_field, missing)
+        kind = type(key)
+        if kind is str:
+            if not 0 < len(key) <= MAX_KEY_LENGTH or "\x00" in key or "%" in key or "/" in key or ":" in key:
+                return None
+        elif kind is int and _INT_KEY_MIN < key < _INT_KEY_MAX:
+            key = str(key)
+        else:
+            return None
+        if not plain:
+            for value in row.values():
+                if type(value) not in scalars and not plain_value(value):
+                    return None
+        try:
+            raw = dumps(row, option=options)
+        except orjson.JSONEncodeError:
+            return None  # a lone surrogate, an int past 64 bits, a non-str dict key
+        add_id(key)
+        add_fp(sha256(raw).hexdigest()[:32])
+    return ids, fps
+
+
 # int keys the fast path formats itself: well inside str(int)'s digit limit and MAX_KEY_LENGTH
 _INT_KEY_MIN = -(10**18)
 _INT_KEY_MAX = 10**18
