@@ -38,7 +38,7 @@ from airflow_provider_datagen.core.planner import (
 )
 from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.core.source_scan import items_at, row_ranges, scan_source
-from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source
+from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source, source_path
 from airflow_provider_datagen.core.status import version_counts
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
@@ -154,7 +154,7 @@ def _plan_path_chunks(
     (a chunk's ids, and which rows hold them, are all a mapped task needs) but not the skipped ones,
     which it counts: at 10M items those lists alone would be most of a GiB.
     """
-    path = os.fspath(source)
+    path = source_path(source)  # the checks (absolute, existing, a known format) read_source makes
     ref = path if "://" in path else os.path.abspath(path)
     scanned = scan_source(ref, key_field)
     n = len(scanned.ids)

@@ -247,16 +247,8 @@ def _prepare_one(pos: int, item: Any, key_field: str, seen: dict[str, int]) -> S
     return SourceItem(iid, key_s, data, fp, pos)
 
 
-def read_source(source: Any) -> Iterator[dict[str, Any]]:
-    """Iterate the dicts of a source: a list of dicts, or an absolute ``.jsonl``/``.parquet``/``.lance`` path or URI.
-
-    Rows come as the format gives them (Arrow's ``to_pylist``: a timestamp column gives datetimes, a
-    decimal column Decimals, a binary column bytes, a struct column dicts); see :func:`fingerprint_of`
-    for how such values are fingerprinted.
-    """
-    if isinstance(source, (list, tuple)):
-        yield from source
-        return
+def source_path(source: Any) -> str:
+    """The path or URI of a path source, checked: absolute, existing (when local), of a known format."""
     if not isinstance(source, (str, os.PathLike)):
         raise InvalidItemError(
             f"source must be a list of dicts or a path/URI to .jsonl, .parquet or .lance, got {type(source).__name__}"
@@ -276,6 +268,23 @@ def read_source(source: Any) -> Iterator[dict[str, Any]]:
         )
     if local and not os.path.exists(path):
         raise InvalidItemError(f"source {path!r} does not exist; check the path")
+    if not lower.endswith((".jsonl", ".ndjson", ".parquet", ".lance")):
+        raise InvalidItemError(f"source {path!r}: unknown format; use a .jsonl, .parquet or .lance path")
+    return path
+
+
+def read_source(source: Any) -> Iterator[dict[str, Any]]:
+    """Iterate the dicts of a source: a list of dicts, or an absolute ``.jsonl``/``.parquet``/``.lance`` path or URI.
+
+    Rows come as the format gives them (Arrow's ``to_pylist``: a timestamp column gives datetimes, a
+    decimal column Decimals, a binary column bytes, a struct column dicts); see :func:`fingerprint_of`
+    for how such values are fingerprinted.
+    """
+    if isinstance(source, (list, tuple)):
+        yield from source
+        return
+    path = source_path(source)
+    lower = path.rstrip("/").lower()
     if lower.endswith(".jsonl") or lower.endswith(".ndjson"):
         with open(path, encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):
