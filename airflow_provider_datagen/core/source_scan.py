@@ -79,6 +79,9 @@ def scan_source(path: str, key_field: str, storage_options: dict[str, str] | Non
         load_source(path, key_field)  # raises the error naming the item by its place in the whole source
         raise
     all_ids = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+    del ids
+    # the batches' decoded buffers stay with the allocator otherwise (~90 MB at 1M rows), under the fold
+    pa.default_memory_pool().release_unused()
     if _has_duplicates(all_ids):
         load_source(path, key_field)  # the duplicate key error, with both items' positions
         raise InvalidItemError(f"source {path!r} has duplicate keys")  # pragma: no cover - load_source raised
