@@ -165,11 +165,12 @@ def _plan_path_chunks(
     match = match_states(n, lambda rows: fps.take(pa.array(rows)), states, rows_in_states)
     del rows_in_states
     cls, plan.kept_other_version = classes(match, states, processor_version, redo_completed)
-    by_class = {c: np.flatnonzero(cls == c) for c in (*PENDING_ORDER, CLS_SKIP)}
-    ids_of = {c: scanned.ids.take(pa.array(rows)).to_pylist() for c, rows in by_class.items() if c != CLS_SKIP}
+    # positions of the pending classes only: the skipped ones are counted (9.5M of 10M items: 76 MB)
+    by_class = {c: np.flatnonzero(cls == c) for c in PENDING_ORDER}
+    ids_of = {c: scanned.ids.take(pa.array(rows)).to_pylist() for c, rows in by_class.items()}
     plan.replay, plan.demoted = ids_of[CLS_REPLAY], ids_of[CLS_DEMOTED]
     plan.invalidated, plan.fresh = ids_of[CLS_INVALIDATED], ids_of[CLS_FRESH]
-    plan.skip_count = len(by_class[CLS_SKIP])
+    plan.skip_count = int(np.count_nonzero(cls == CLS_SKIP))
     replay = by_class[CLS_REPLAY]
     if len(replay) and states.num_rows:
         failures = _ints(pc.take(states["failures"], pa.array(match.pick[replay])))
