@@ -23,8 +23,13 @@ def source_items(n: int) -> list[dict[str, object]]:
     return [{"id": f"item-{i:07d}", "prompt": f"prompt {i}"} for i in range(n)]
 
 
-def synth_events(items: list[dict[str, object]], done_fraction: float, seed: int = 0) -> pa.Table:
-    """Events for ``items``: ``done_fraction`` of them completed (5 events), the rest running (3)."""
+def synth_events(
+    items: list[dict[str, object]], done_fraction: float, seed: int = 0, *, first_row: int = 0
+) -> pa.Table:
+    """Events for ``items``: ``done_fraction`` of them completed (5 events), the rest running (3).
+
+    ``first_row`` numbers the events after those of earlier calls (a log built a slice at a time).
+    """
     rng = np.random.default_rng(seed)
     n = len(items)
     ids = np.array([str(it["id"]) for it in items], dtype=object)
@@ -40,7 +45,7 @@ def synth_events(items: list[dict[str, object]], done_fraction: float, seed: int
     item_col = pa.array(ids[item_idx], pa.string())
     seq_col = pa.array(seq, pa.int64())
     # Hex ids whose first 16 digits are the item index, as event_key_of() expects of real ids.
-    row_no = np.arange(total, dtype=np.int64)
+    row_no = np.arange(first_row, first_row + total, dtype=np.int64)
     event_id = pa.array(np.char.add(np.char.mod("%016x", row_no), np.char.mod("%016x", seq)).astype(object))
     now = dt.datetime.now(dt.UTC)
     cols = {

@@ -21,12 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.schema import ItemStatus
-from airflow_provider_datagen.core.sources import SourceItem, prepare_items
+from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, prepare_items
 from airflow_provider_datagen.core.status import NO_VERSION, version_counts
 from airflow_provider_datagen.exceptions import bad_argument
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
@@ -68,6 +68,13 @@ class ResumePlan:
     #: what a version bump left behind with ``redo_completed="never"``.
     kept_other_version: dict[str, int] = field(default_factory=dict)
     log_version: int = 0
+    #: how many items are skipped when ``skip`` does not list them (a streamed plan of a path source)
+    skip_count: int | None = None
+
+    @property
+    def skipped(self) -> int:
+        """How many items are skipped."""
+        return len(self.skip) if self.skip_count is None else self.skip_count
 
     @property
     def pending(self) -> list[str]:
@@ -76,11 +83,11 @@ class ResumePlan:
 
     @property
     def total(self) -> int:
-        return len(self.skip) + len(self.pending)
+        return self.skipped + len(self.pending)
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "skip": len(self.skip),
+            "skip": self.skipped,
             "replay": len(self.replay),
             "fresh": len(self.fresh),
             "invalidated": len(self.invalidated),
@@ -94,6 +101,13 @@ class ResumePlan:
 _FP_CHUNK = 1 << 16
 
 _CLS_FRESH, _CLS_INVALIDATED, _CLS_SKIP, _CLS_DEMOTED, _CLS_REPLAY = range(5)
+#: The pending classes in resume order (see :attr:`ResumePlan.pending`).
+PENDING_ORDER = (_CLS_REPLAY, _CLS_DEMOTED, _CLS_INVALIDATED, _CLS_FRESH)
+CLS_SKIP = _CLS_SKIP
+CLS_REPLAY = _CLS_REPLAY
+CLS_DEMOTED = _CLS_DEMOTED
+CLS_INVALIDATED = _CLS_INVALIDATED
+CLS_FRESH = _CLS_FRESH
 
 
 def _bools(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -120,11 +134,19 @@ def classify(
     """
     check_redo_completed("classify", redo_completed)
     ids = [s.item_id for s in source]
-    return _classify(source, ids, states, processor_version, log_version, index, redo_completed)
+    return _classify(_fingerprints_of(source), ids, states, processor_version, log_version, index, redo_completed)
+
+
+def _fingerprints_of(source: list[SourceItem]) -> Callable[[np.ndarray], pa.Array]:
+    return lambda rows: pa.array([source[i].fingerprint for i in rows.tolist()], pa.string())
+
+
+def _fingerprints_in(fps: list[str]) -> Callable[[np.ndarray], pa.Array]:
+    return lambda rows: pa.array([fps[i] for i in rows.tolist()], pa.string())
 
 
 def _classify(
-    source: list[SourceItem],
+    fingerprints: Callable[[np.ndarray], pa.Array],
     ids: list[str],
     states: pa.Table,
     processor_version: str | None,
@@ -137,7 +159,7 @@ def _classify(
     # of the state table is copied; fingerprints, the only wide comparison, are built and compared a
     # chunk at a time; and the lists handed back reuse the source's own id strings.
     plan = ResumePlan(log_version=log_version)
-    n = len(source)
+    n = len(ids)
     if not n:
         return plan
     if states.num_rows == 0:
@@ -147,9 +169,50 @@ def _classify(
         idx = pc.index_in(pa.array(ids, pa.string()), value_set=states["item_id"])
         index = np.asarray(idx.fill_null(-1).to_numpy(zero_copy_only=False))
         del idx
-    found = index >= 0
-    pick = np.where(found, index, 0).astype(np.int32 if states.num_rows < (1 << 31) else np.int64)
+    masks = match_states(n, fingerprints, states, index)
     del index
+    cls, plan.kept_other_version = classes(masks, states, processor_version, redo_completed)
+    id_arr = np.array(ids, dtype=object)
+    plan.fresh = id_arr[cls == _CLS_FRESH].tolist()
+    plan.invalidated = id_arr[cls == _CLS_INVALIDATED].tolist()
+    plan.skip = id_arr[cls == _CLS_SKIP].tolist()
+    plan.demoted = id_arr[cls == _CLS_DEMOTED].tolist()
+    replay = np.flatnonzero(cls == _CLS_REPLAY)
+    plan.replay = id_arr[replay].tolist()
+    # failures and last_seq are read for the few items that need them, not gathered for all
+    pick = masks.pick
+    failures = _ints(pc.take(states["failures"], pa.array(pick[replay])))
+    plan.failed = id_arr[replay[failures > 0]].tolist()
+    has_seq = np.flatnonzero(masks.found & (cls != _CLS_SKIP))
+    last_seq = pc.take(states["last_seq"], pa.array(pick[has_seq])).to_pylist()
+    plan.last_seq = dict(zip(id_arr[has_seq].tolist(), last_seq))
+    return plan
+
+
+@dataclass
+class StateMatch:
+    """How each source item (by position) stands in the state table: the inputs of :func:`classes`."""
+
+    found: np.ndarray  # has events
+    pick: np.ndarray  # its row in the state table (0 when not found)
+    started: np.ndarray  # found and not NEVER_STARTED
+    running: np.ndarray  # its state is RUNNING
+    same_fp: np.ndarray  # started with the same input fingerprint
+
+
+def match_states(
+    n: int, fingerprints: Callable[[np.ndarray], pa.Array], states: pa.Table, index: np.ndarray
+) -> StateMatch:
+    """Match ``n`` source items against ``states``; ``index`` is each one's state row (-1: none).
+
+    ``fingerprints(rows)`` gives the input fingerprints of the items at positions ``rows`` (a
+    string array): only started items are compared, a bounded number at a time.
+    """
+    found = index >= 0
+    if states.num_rows == 0:
+        none = np.zeros(n, dtype=bool)
+        return StateMatch(none, np.zeros(n, np.int32), none, none, none)
+    pick = np.where(found, index, 0).astype(np.int32 if states.num_rows < (1 << 31) else np.int64)
     status = states["status"]
     # Per state row (one per item of the log), then gathered by source position.
     started = found & _bools(pc.not_equal(status, ItemStatus.NEVER_STARTED.value))[pick]
@@ -160,19 +223,27 @@ def _classify(
         rows = np.flatnonzero(started[lo : lo + _FP_CHUNK]) + lo
         if not len(rows):
             continue
-        mine = pa.array([source[i].fingerprint for i in rows.tolist()], pa.string())
         theirs = pc.take(state_fps, pa.array(pick[rows]))
-        same_fp[rows] = _bools(pc.equal(theirs, mine))
-    cls = np.full(n, _CLS_FRESH, dtype=np.int8)
-    cls[started & ~same_fp] = _CLS_INVALIDATED
-    done = same_fp & ~running
+        same_fp[rows] = _bools(pc.equal(theirs, fingerprints(rows)))
+    return StateMatch(found, pick, started, running, same_fp)
+
+
+def classes(
+    m: StateMatch, states: pa.Table, processor_version: str | None, redo_completed: str = REDO_NEVER
+) -> tuple[np.ndarray, dict[str, int]]:
+    """Each item's class (``CLS_*``) and the done items kept under other versions, per version."""
+    kept: dict[str, int] = {}
+    cls = np.full(len(m.found), _CLS_FRESH, dtype=np.int8)
+    if states.num_rows == 0:
+        return cls, kept
+    cls[m.started & ~m.same_fp] = _CLS_INVALIDATED
+    done = m.same_fp & ~m.running
     cls[done] = _CLS_SKIP
-    inbox = same_fp & running
-    del started, running, same_fp
+    inbox = m.same_fp & m.running
     if processor_version is None:
         cls[inbox] = _CLS_REPLAY
     else:
-        same_pv = _bools(pc.equal(states["processor_version"], processor_version))[pick]
+        same_pv = _bools(pc.equal(states["processor_version"], processor_version))[m.pick]
         cls[inbox & ~same_pv] = _CLS_DEMOTED
         cls[inbox & same_pv] = _CLS_REPLAY
         other = done & ~same_pv
@@ -180,21 +251,8 @@ def _classify(
             # a done item of another version restarts like a demoted cursor: a new generation, clean
             cls[other] = _CLS_DEMOTED
         elif other.any():
-            plan.kept_other_version = version_counts(pc.take(states["processor_version"], pa.array(pick[other])))
-    id_arr = np.array(ids, dtype=object)
-    plan.fresh = id_arr[cls == _CLS_FRESH].tolist()
-    plan.invalidated = id_arr[cls == _CLS_INVALIDATED].tolist()
-    plan.skip = id_arr[cls == _CLS_SKIP].tolist()
-    plan.demoted = id_arr[cls == _CLS_DEMOTED].tolist()
-    replay = np.flatnonzero(cls == _CLS_REPLAY)
-    plan.replay = id_arr[replay].tolist()
-    # failures and last_seq are read for the few items that need them, not gathered for all
-    failures = _ints(pc.take(states["failures"], pa.array(pick[replay])))
-    plan.failed = id_arr[replay[failures > 0]].tolist()
-    has_seq = np.flatnonzero(found & (cls != _CLS_SKIP))
-    last_seq = pc.take(states["last_seq"], pa.array(pick[has_seq])).to_pylist()
-    plan.last_seq = dict(zip(id_arr[has_seq].tolist(), last_seq))
-    return plan
+            kept = version_counts(pc.take(states["processor_version"], pa.array(m.pick[other])))
+    return cls, kept
 
 
 def plan_resume(
@@ -215,12 +273,30 @@ def plan_resume(
     Any other value raises :class:`~airflow_provider_datagen.exceptions.ConfigurationError`.
     """
     check_redo_completed("plan_resume", redo_completed)
+    if isinstance(items, (list, tuple)) and not (items and isinstance(items[0], SourceItem)):
+        # raw dicts: ids and fingerprints straight from the rows, no item objects, when every row is
+        # plain and the keys are unique; otherwise prepare_items builds the items or raises
+        fast = fingerprint_rows(list(items), key_field)
+        if fast is not None and len(set(fast[0])) == len(fast[0]):
+            ids, fps = fast
+            return _plan(log, ids, _fingerprints_in(fps), states, processor_version, redo_completed)
     source = as_source(items, key_field)
     ids = [s.item_id for s in source]
+    return _plan(log, ids, _fingerprints_of(source), states, processor_version, redo_completed)
+
+
+def _plan(
+    log: CheckpointLog,
+    ids: list[str],
+    fingerprints: Callable[[np.ndarray], pa.Array],
+    states: pa.Table | None,
+    processor_version: str | None,
+    redo_completed: str,
+) -> ResumePlan:
     index = None
     if states is None:
         states, index = log.states_for(ids)
-    return _classify(source, ids, states, processor_version, log.version, index, redo_completed)
+    return _classify(fingerprints, ids, states, processor_version, log.version, index, redo_completed)
 
 
 def as_source(items: Iterable[Any], key_field: str) -> list[SourceItem]:

@@ -13,10 +13,11 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_datagen.core.events import _FAST, fingerprint_of
+from airflow_provider_datagen.core.events import _FAST, ORJSON_OPTIONS, fingerprint_of, orjson_canonical, orjson_plain
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.exceptions import InvalidItemError, bad_argument
@@ -146,11 +147,13 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
             else:
                 iid = None
             if iid is not None and iid not in seen:
-                try:
-                    raw = "".join(encode(item, 0)).encode("utf-8")
-                except Exception:
-                    pass  # _prepare_one re-encodes through canonical_json and raises its error
-                else:
+                raw = orjson_canonical(item)
+                if raw is None:
+                    try:
+                        raw = "".join(encode(item, 0)).encode("utf-8")
+                    except Exception:
+                        raw = None  # _prepare_one re-encodes through canonical_json and raises its error
+                if raw is not None:
                     seen[iid] = pos
                     append(draft(iid, iid, item, sha256(raw).hexdigest()[:32], pos))
                     continue
@@ -159,6 +162,49 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
 
 
 _MISSING = object()
+_PLAIN = frozenset((str, int, bool, type(None)))
+
+
+def fingerprint_rows(rows: list[Any], key_field: str, *, plain: bool = False) -> tuple[list[str], list[str]] | None:
+    """Item ids and input fingerprints of plain rows, fast; None as soon as a row needs :func:`prepare_items`.
+
+    Plain: a dict keyed by a str needing no escaping or a small int, of values orjson encodes as the
+    stdlib does (``events.orjson_plain``). The ids and fingerprints are exactly what ``prepare_items``
+    would give, without building an item per row; uniqueness is the caller's to check (a streamed
+    plan checks it once over the whole source). Anything else, valid or not, is for
+    ``prepare_items``, which builds it or raises the error naming it. ``plain=True`` says every value
+    is already known plain (an Arrow batch of string, integer and boolean columns), so none is checked.
+    """
+    ids: list[str] = []
+    fps: list[str] = []
+    add_id, add_fp = ids.append, fps.append
+    dumps, options, sha256 = orjson.dumps, ORJSON_OPTIONS, hashlib.sha256
+    scalars, plain_value, missing = _PLAIN, orjson_plain, _MISSING
+    for row in rows:
+        if type(row) is not dict:
+            return None
+        key = row.get(key_field, missing)
+        kind = type(key)
+        if kind is str:
+            if not 0 < len(key) <= MAX_KEY_LENGTH or "\x00" in key or "%" in key or "/" in key or ":" in key:
+                return None
+        elif kind is int and _INT_KEY_MIN < key < _INT_KEY_MAX:
+            key = str(key)
+        else:
+            return None
+        if not plain:
+            for value in row.values():
+                if type(value) not in scalars and not plain_value(value):
+                    return None
+        try:
+            raw = dumps(row, option=options)
+        except orjson.JSONEncodeError:
+            return None  # a lone surrogate, an int past 64 bits, a non-str dict key
+        add_id(key)
+        add_fp(sha256(raw).hexdigest()[:32])
+    return ids, fps
+
+
 # int keys the fast path formats itself: well inside str(int)'s digit limit and MAX_KEY_LENGTH
 _INT_KEY_MIN = -(10**18)
 _INT_KEY_MAX = 10**18
@@ -201,16 +247,8 @@ def _prepare_one(pos: int, item: Any, key_field: str, seen: dict[str, int]) -> S
     return SourceItem(iid, key_s, data, fp, pos)
 
 
-def read_source(source: Any) -> Iterator[dict[str, Any]]:
-    """Iterate the dicts of a source: a list of dicts, or an absolute ``.jsonl``/``.parquet``/``.lance`` path or URI.
-
-    Rows come as the format gives them (Arrow's ``to_pylist``: a timestamp column gives datetimes, a
-    decimal column Decimals, a binary column bytes, a struct column dicts); see :func:`fingerprint_of`
-    for how such values are fingerprinted.
-    """
-    if isinstance(source, (list, tuple)):
-        yield from source
-        return
+def source_path(source: Any) -> str:
+    """The path or URI of a path source, checked: absolute, existing (when local), of a known format."""
     if not isinstance(source, (str, os.PathLike)):
         raise InvalidItemError(
             f"source must be a list of dicts or a path/URI to .jsonl, .parquet or .lance, got {type(source).__name__}"
@@ -230,6 +268,23 @@ def read_source(source: Any) -> Iterator[dict[str, Any]]:
         )
     if local and not os.path.exists(path):
         raise InvalidItemError(f"source {path!r} does not exist; check the path")
+    if not lower.endswith((".jsonl", ".ndjson", ".parquet", ".lance")):
+        raise InvalidItemError(f"source {path!r}: unknown format; use a .jsonl, .parquet or .lance path")
+    return path
+
+
+def read_source(source: Any) -> Iterator[dict[str, Any]]:
+    """Iterate the dicts of a source: a list of dicts, or an absolute ``.jsonl``/``.parquet``/``.lance`` path or URI.
+
+    Rows come as the format gives them (Arrow's ``to_pylist``: a timestamp column gives datetimes, a
+    decimal column Decimals, a binary column bytes, a struct column dicts); see :func:`fingerprint_of`
+    for how such values are fingerprinted.
+    """
+    if isinstance(source, (list, tuple)):
+        yield from source
+        return
+    path = source_path(source)
+    lower = path.rstrip("/").lower()
     if lower.endswith(".jsonl") or lower.endswith(".ndjson"):
         with open(path, encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):

@@ -86,7 +86,10 @@ def summarize(
     """
     roots = states
     if states.num_rows:
-        roots = states.filter(pc.equal(pc.count_substring(states["item_id"], "/"), 0))
+        is_root = pc.equal(pc.count_substring(states["item_id"], "/"), 0)
+        # no copy of the table when every item is a root (the usual case: a copy is 100 MB per 1M items)
+        if not pc.all(is_root).as_py():
+            roots = states.filter(is_root)
     counts = {s.value: 0 for s in ItemStatus}
     if roots.num_rows:
         for entry in pc.value_counts(roots["status"]).to_pylist():
@@ -94,8 +97,8 @@ def summarize(
     failed = roots.filter(failed_mask(roots)) if roots.num_rows else roots
     by_version: dict[str, int] = {}
     if counts[ItemStatus.COMPLETED.value]:
-        completed = roots.filter(pc.equal(roots["status"], ItemStatus.COMPLETED.value))
-        by_version = version_counts(completed["processor_version"])
+        completed = pc.equal(roots["status"], ItemStatus.COMPLETED.value)
+        by_version = version_counts(pc.filter(roots["processor_version"], completed))
     values = {
         "pipeline": pipeline,
         "experiment": experiment,

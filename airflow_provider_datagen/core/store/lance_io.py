@@ -21,7 +21,7 @@ from airflow_provider_datagen.core.store.paths import is_local, is_log_uri, loca
 from airflow_provider_datagen.exceptions import InvalidItemError, InvalidNameError, LogCorruptedError, LogWriteError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     import pyarrow as pa
 
@@ -318,6 +318,23 @@ def read_lance_table(uri: str, storage_options: dict[str, str] | None = None) ->
     """Read a whole Lance dataset (a source of items, a source snapshot); errors name the dataset."""
     try:
         return lance.dataset(uri, storage_options=storage_options).to_table()
+    except (OSError, ValueError) as exc:
+        raise InvalidItemError(f"source {uri!r} is not a readable Lance dataset: {str(exc)[:300]}") from None
+
+
+def lance_source_batches(uri: str, storage_options: dict[str, str] | None, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """A Lance source's rows in order, a record batch at a time (a streamed plan's read)."""
+    try:
+        ds = lance.dataset(uri, storage_options=storage_options)
+    except (OSError, ValueError) as exc:
+        raise InvalidItemError(f"source {uri!r} is not a readable Lance dataset: {str(exc)[:300]}") from None
+    yield from ds.to_batches(batch_size=batch_size, scan_in_order=True)
+
+
+def lance_source_rows(uri: str, rows: Sequence[int], storage_options: dict[str, str] | None) -> pa.Table:
+    """The rows at these offsets of a Lance source (a chunk's read)."""
+    try:
+        return lance.dataset(uri, storage_options=storage_options).take(list(rows))
     except (OSError, ValueError) as exc:
         raise InvalidItemError(f"source {uri!r} is not a readable Lance dataset: {str(exc)[:300]}") from None
 

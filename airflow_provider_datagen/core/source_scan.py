@@ -1,0 +1,255 @@
+"""Streamed reads of a path source: ids and fingerprints a batch at a time, and a chunk's rows read back.
+
+A plan needs each item's id and input fingerprint, never its values: the source is read in record
+batches, each batch validated and fingerprinted and then dropped, so a plan's memory is its ids and
+fingerprints (Arrow buffers, ~50 bytes an item) plus the fold, not the source's dicts. A chunk then
+names its rows by position (ranges, plus byte offsets for JSONL), and a mapped task reads only those.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, load_source, prepare_items
+from airflow_provider_datagen.core.store.lance_io import lance_source_batches, lance_source_rows
+from airflow_provider_datagen.exceptions import InvalidItemError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+#: Rows per batch: ~10 MB of 100-byte rows as dicts at a time.
+SCAN_BATCH = 1 << 16
+
+JSONL, PARQUET, LANCE = "jsonl", "parquet", "lance"
+
+
+def source_format(path: str) -> str:
+    """The format of a path source by its suffix (``read_source`` has checked it is one of the three)."""
+    lower = path.rstrip("/").lower()
+    if lower.endswith((".jsonl", ".ndjson")):
+        return JSONL
+    if lower.endswith(".parquet"):
+        return PARQUET
+    if lower.endswith(".lance"):
+        return LANCE
+    raise InvalidItemError(f"source {path!r}: unknown format; use a .jsonl, .parquet or .lance path")
+
+
+@dataclass
+class ScannedSource:
+    """Every item's id and input fingerprint in source order (and each JSONL row's byte offset)."""
+
+    ids: pa.Array
+    fingerprints: pa.Array
+    offsets: np.ndarray | None  # JSONL only
+
+
+def scan_source(path: str, key_field: str, storage_options: dict[str, str] | None = None) -> ScannedSource:
+    """Validate and fingerprint a path source a batch at a time; errors are exactly ``load_source``'s.
+
+    On any bad row (or a key repeated across batches) the whole source is validated again by
+    :func:`load_source`, so the error, and the item it names, are the ones the unstreamed read gives.
+    """
+    ids: list[pa.Array] = []
+    fps: list[pa.Array] = []
+    offsets: list[np.ndarray] = []
+    try:
+        for rows, offs, plain in _batches(path, storage_options):
+            fast = fingerprint_rows(rows, key_field, plain=plain)
+            if fast is None:
+                items = prepare_items(rows, key_field)
+                fast = [s.item_id for s in items], [s.fingerprint for s in items]
+                del items
+            ids.append(pa.array(fast[0], pa.string()))
+            fps.append(pa.array(fast[1], pa.string()))
+            if offs is not None:
+                offsets.append(offs)
+            del rows, fast
+    except InvalidItemError:
+        load_source(path, key_field)  # raises the error naming the item by its place in the whole source
+        raise
+    all_ids = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+    del ids
+    # the batches' decoded buffers stay with the allocator otherwise (~90 MB at 1M rows), under the fold
+    pa.default_memory_pool().release_unused()
+    if _has_duplicates(all_ids):
+        load_source(path, key_field)  # the duplicate key error, with both items' positions
+        raise InvalidItemError(f"source {path!r} has duplicate keys")  # pragma: no cover - load_source raised
+    return ScannedSource(
+        all_ids,
+        pa.concat_arrays(fps) if fps else pa.array([], pa.string()),
+        np.concatenate(offsets) if offsets else (np.zeros(0, np.int64) if source_format(path) == JSONL else None),
+    )
+
+
+def _has_duplicates(ids: pa.Array, window: int = 1 << 20) -> bool:
+    """Whether any id repeats: the sorted order compared a window at a time.
+
+    Not ``count_distinct``: its hash table costs ~100 bytes an id (1 GB at 10M), the sort's indices 8.
+    """
+    if len(ids) < 2:
+        return False
+    order = pc.sort_indices(ids)
+    for lo in range(0, len(ids) - 1, window):
+        run = ids.take(order.slice(lo, window + 1))
+        if pc.any(pc.equal(run.slice(1), run.slice(0, len(run) - 1))).as_py():
+            return True
+    return False
+
+
+def _batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tuple[list[Any], np.ndarray | None, bool]]:
+    """Each batch's rows, their byte offsets (JSONL) and whether its schema makes every value plain."""
+    kind = source_format(path)
+    if kind == JSONL:
+        for rows, offsets in _jsonl_batches(path):
+            yield rows, offsets, False
+        return
+    batches = (
+        _parquet_file(path).iter_batches(batch_size=SCAN_BATCH)
+        if kind == PARQUET
+        else lance_source_batches(path, storage_options, SCAN_BATCH)
+    )
+    for batch in batches:
+        yield batch.to_pylist(), None, all(_plain_type(f.type) for f in batch.schema)
+
+
+def _plain_type(kind: pa.DataType) -> bool:
+    """Whether every value of an Arrow type is a str, an int of 64 bits at most, a bool or None."""
+    return bool(
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_integer(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_null(kind)
+    )
+
+
+def _parquet_file(path: str) -> pq.ParquetFile:
+    if "://" not in path:
+        return pq.ParquetFile(path)
+    fs, inner = pafs.FileSystem.from_uri(path)
+    return pq.ParquetFile(fs.open_input_file(inner))
+
+
+def _open_binary(path: str) -> Any:
+    if "://" not in path:
+        return open(path, "rb")
+    fs, inner = pafs.FileSystem.from_uri(path)
+    return fs.open_input_file(inner)
+
+
+def _loads(line: bytes, path: str, n: int) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        pass  # what orjson refuses but json takes (NaN, lone surrogates, wide ints), or the exact error
+    try:
+        return json.loads(line.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidItemError(f"source {path!r} line {n} is not JSON: {exc}") from None
+
+
+def _jsonl_batches(path: str) -> Iterator[tuple[list[Any], np.ndarray]]:
+    rows: list[Any] = []
+    offs: list[int] = []
+    at = 0
+    with _open_binary(path) as fh:
+        for n, line in enumerate(_lines(fh), 1):
+            if line.strip():
+                rows.append(_loads(line, path, n))
+                offs.append(at)
+                if len(rows) >= SCAN_BATCH:
+                    yield rows, np.array(offs, np.int64)
+                    rows, offs = [], []
+            at += len(line)
+    if rows:
+        yield rows, np.array(offs, np.int64)
+
+
+def _lines(fh: Any) -> Iterator[bytes]:
+    # text mode splits on \r too; a JSON line holds no raw \r or \n, so \n-split lines with a trailing
+    # \r are the same rows (orjson and json both take the \r as whitespace)
+    if not isinstance(fh, pa.NativeFile):
+        # not ``yield from fh``: closing this generator early would close the file too
+        for line in fh:
+            yield line
+        return
+    buf = b""
+    while True:
+        block = fh.read(1 << 20)
+        if not block:
+            break
+        buf += block
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line + b"\n"
+    if buf:
+        yield buf
+
+
+def row_ranges(positions: np.ndarray, offsets: np.ndarray | None) -> list[list[int]]:
+    """Sorted positions as ``[start, stop]`` ranges (``[start, stop, byte offset]`` for JSONL)."""
+    pos = np.sort(positions)
+    if not len(pos):
+        return []
+    breaks = np.flatnonzero(np.diff(pos) != 1) + 1
+    starts = pos[np.concatenate(([0], breaks))]
+    stops = pos[np.concatenate((breaks - 1, [len(pos) - 1]))] + 1
+    if offsets is None:
+        return [[int(a), int(b)] for a, b in zip(starts, stops)]
+    return [[int(a), int(b), int(offsets[a])] for a, b in zip(starts, stops)]
+
+
+def read_rows(path: str, ranges: list[list[int]], storage_options: dict[str, str] | None = None) -> list[Any]:
+    """The rows of a path source in these ranges (see :func:`row_ranges`), in position order."""
+    kind = source_format(path)
+    if "://" not in path and not os.path.exists(path):
+        raise InvalidItemError(f"source {path!r} does not exist; check the path")
+    if kind == JSONL:
+        out: list[Any] = []
+        with _open_binary(path) as fh:
+            for start, stop, offset in ranges:
+                fh.seek(offset)
+                want = stop - start
+                for line in _lines(fh):
+                    if line.strip():
+                        out.append(_loads(line, path, 0))
+                        want -= 1
+                        if not want:
+                            break
+        return out
+    positions = (
+        np.concatenate([np.arange(r[0], r[1], dtype=np.int64) for r in ranges]) if ranges else np.zeros(0, np.int64)
+    )
+    if kind == LANCE:
+        return lance_source_rows(path, positions.tolist(), storage_options).to_pylist()
+    pf = _parquet_file(path)
+    sizes = np.array([pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)], np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])) if len(sizes) else np.zeros(0, np.int64)
+    group_of = np.searchsorted(starts, positions, side="right") - 1
+    out = []
+    for g in np.unique(group_of):
+        local = positions[group_of == g] - starts[g]
+        if len(local) and (local.max() >= sizes[g]):
+            raise InvalidItemError(
+                f"source {path!r} has fewer rows than planned; the source changed: rerun the plan task"
+            )
+        out.extend(pf.read_row_group(int(g)).take(pa.array(local)).to_pylist())
+    return out
+
+
+def items_at(
+    path: str, ranges: list[list[int]], key_field: str, storage_options: dict[str, str] | None
+) -> list[SourceItem]:
+    """The validated items in these ranges of a path source."""
+    return prepare_items(read_rows(path, ranges, storage_options), key_field)
