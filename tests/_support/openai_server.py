@@ -47,6 +47,8 @@ class FakeOpenAI:
     slow_seconds: float = 30.0
     tool_args: dict[str, Any] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
+    #: prompts seen with "[429 once]": the first request of each gets a 429, the next an answer
+    _throttled_once: set[str] = field(default_factory=set)
     _stopping: threading.Event = field(default_factory=threading.Event)
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -62,7 +64,10 @@ class FakeOpenAI:
         text = _last_user_text(body)
         request = Request(body)
         self.requests.append(request)  # on arrival: a test counts the requests a client made
-        if "[429]" in text:
+        once = "[429 once]" in text and text not in self._throttled_once
+        if once:
+            self._throttled_once.add(text)
+        if "[429]" in text or once:
             request.status = 429
             error = {"message": "Rate limit reached, retry later", "type": "requests", "code": "rate_limit_exceeded"}
             return 429, {"Retry-After": str(self.retry_after)}, {"error": error}
