@@ -69,37 +69,22 @@ _FAILURE_COLUMNS = (
     "created_at",
 )
 
-#: What the pages show for a log with no usage recorded (and before the ledger exists).
-NO_USAGE: dict[str, Any] = {
-    "calls": 0,
-    "input_tokens": 0,
-    "output_tokens": 0,
-    "cost_usd": 0.0,
-    "unpriced_calls": 0,
-    "by_model": {},
-    "failed_attempts_cost_usd": 0.0,
-}
-NO_BUDGET: dict[str, Any] = {"budget_usd": None, "budget_tokens": None}
-
 
 # The usage ledger's read side, in one place: ``log.usage()``, ``log.item_usage(item_id)`` and
-# ``log.budget()``. A log class without them (a build before the ledger) shows "no usage recorded".
+# ``log.budget()``.
 def usage_of(event_log: CheckpointLog) -> dict[str, Any]:
     """The experiment's usage totals (``log.usage()``)."""
-    usage = getattr(event_log, "usage", None)
-    return dict(usage()) if usage is not None else dict(NO_USAGE)
+    return dict(event_log.usage())
 
 
 def item_usage_of(event_log: CheckpointLog, item_id: str) -> dict[str, Any]:
     """One item's usage totals and its attempts (``log.item_usage(item_id)``)."""
-    item_usage = getattr(event_log, "item_usage", None)
-    return dict(item_usage(item_id)) if item_usage is not None else {**NO_USAGE, "attempts": []}
+    return dict(event_log.item_usage(item_id))
 
 
 def budget_of(event_log: CheckpointLog) -> dict[str, Any]:
     """The budget recorded for the experiment (``log.budget()``), None where none is set."""
-    budget = getattr(event_log, "budget", None)
-    return dict(budget()) if budget is not None else dict(NO_BUDGET)
+    return dict(event_log.budget())
 
 
 #: An open event log and the version it was read at (one refresh per request).

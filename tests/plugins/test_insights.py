@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 P = "ins"
 T0 = dt.datetime(2026, 3, 1, 12, 0, 10, tzinfo=dt.UTC)
 
-# ledger17 stub: the lead replaces with real usage after merge
+# fixed ledger figures, so the page's formatting is checked exactly (test_spend_from_the_real_ledger
+# runs the same panels on usage recorded through ctx)
 USAGE = {
     "calls": 9,
     "input_tokens": 9000,
@@ -50,7 +51,8 @@ USAGE = {
     },
     "failed_attempts_cost_usd": 0.25,
 }
-# ledger17 stub: the lead replaces with real usage after merge
+# fixed ledger figures, so the page's formatting is checked exactly (test_spend_from_the_real_ledger
+# runs the same panels on usage recorded through ctx)
 ZERO_USAGE = {
     "calls": 0,
     "input_tokens": 0,
@@ -60,7 +62,8 @@ ZERO_USAGE = {
     "by_model": {},
     "failed_attempts_cost_usd": 0.0,
 }
-# ledger17 stub: the lead replaces with real usage after merge
+# fixed ledger figures, so the page's formatting is checked exactly (test_spend_from_the_real_ledger
+# runs the same panels on usage recorded through ctx)
 ATTEMPTS = [
     {
         "attempt": 1,
@@ -86,7 +89,6 @@ ATTEMPTS = [
 
 
 def _stub_ledger(mp: pytest.MonkeyPatch, usage: dict[str, Any], budget: dict[str, Any], attempts: list[Any]) -> None:
-    # ledger17 stub: the lead replaces with real usage after merge
     item_totals = {**ZERO_USAGE, "calls": len(attempts), "cost_usd": sum(a["cost_usd"] for a in attempts)}
     mp.setattr(CheckpointLog, "usage", lambda self: usage, raising=False)
     mp.setattr(CheckpointLog, "budget", lambda self: budget, raising=False)
@@ -266,3 +268,30 @@ def test_an_edited_source_is_not_shown_as_the_input(client: TestClient, ui_log) 
     item = client.get(f"/datagen/api/experiments/{P}/edited/item?id=k0").json()
     assert item["input"]["value"] == {"id": "k0", "text": "old"}
     assert item["fields"] == {"answer": "OLD"}
+
+
+def test_spend_from_the_real_ledger(client: TestClient, ui_log) -> None:
+    """The panels on usage recorded through ``ctx.record_usage`` and a budget set by ``run_items``."""
+    lg = ui_log(P, "paid")
+    items = _items(4)
+
+    def paid(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        ctx.record_usage(model="m:<fake>", input_tokens=100, output_tokens=20, cost_usd=0.25 * ctx.attempt)
+        if item["id"] == "k1":
+            raise RuntimeError("the answer did not parse")
+        return {"answer": item["text"].upper()}
+
+    plan_chunks(lg, items, key_field="id")
+    run_items(lg, items, paid, budget_usd=10.0)
+    page = client.get(f"/datagen/experiments/{P}/paid").text
+    cards = dict(re.findall(r"<div class='card'><span class='muted'>([^<]+)</span><b>([^<]+)</b></div>", page))
+    assert cards["spent"] == "$1.00"
+    assert cards["tokens"] == "480"
+    assert cards["failed attempts"] == "$0.2500"
+    assert cards["budget"] == "$10.00"
+    assert cards["left"] == "$9.00"
+    assert escaped("m:<fake>") in page and "m:<fake>" not in page
+    item = client.get(f"/datagen/api/experiments/{P}/paid/item?id=k1").json()
+    assert [(a["attempt"], a["status"], a["model"], a["cost_usd"]) for a in item["usage"]["attempts"]] == [
+        (1, "failed", "m:<fake>", 0.25)
+    ]
