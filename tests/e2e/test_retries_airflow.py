@@ -182,3 +182,24 @@ def test_transient_errors_retried_in_place_complete_in_one_run(
         f"{sum(per_item.values())} calls, run success on try 1, {time.monotonic() - started:.1f} s; "
         f"screenshot: {path}"
     )
+
+
+def test_pool_slots_above_the_pool_size_fail_the_run_at_once(airflow_stack: AirflowClient, tmp_path: Path) -> None:
+    """Airflow would leave ``generate`` scheduled forever; the provider's listener fails the run as it starts."""
+    client = airflow_stack
+    dag_id = "datagen_retries_pool"
+    client.post("/pools", json={"name": "datagen_tiny", "slots": 2}, expect=(201,))
+    install(client, tmp_path, dag_id, items=10, chunk=5, pool="datagen_tiny", pool_slots=3)
+    run_id = client.trigger(dag_id)
+    assert client.wait_run(dag_id, run_id, timeout=60) == "failed"
+    run = client.get(f"/dags/{dag_id}/dagRuns/{run_id}")
+    assert run["note"] == (
+        "Refused by the datagen provider before any task ran: DatagenMapOperator(task_id='generate'): "
+        "pool_slots=3 is more than pool 'datagen_tiny' has (2 slot(s)), so Airflow would never schedule the "
+        "task; give pool_slots <= 2, or raise the pool's size to at least 3 (`airflow pools set datagen_tiny 3 ''`)"
+    )
+    assert {(t["task_id"], t["state"]) for t in client.task_instances(dag_id, run_id)} == {
+        ("plan", None),
+        ("generate", None),
+        ("export", None),
+    }
