@@ -139,8 +139,15 @@ class DatagenPlanOperator(DatagenBaseOperator):
         return max(1, min(limits))
 
 
+#: ``core.planner.REDO_COMPLETED``, repeated so that a valid value is accepted at DAG parse without
+#: importing the planner (pyarrow and numpy); the planner's check stays the rule and its message.
+_REDO_COMPLETED = ("never", "other_version")
+
+
 def check_redo_completed_argument(owner: BaseOperator, value: Any) -> str:
-    # Deferred: core imports Lance, which DAG parsing must not pay for.
+    if isinstance(value, str) and value in _REDO_COMPLETED:
+        return value
+    # Deferred: the planner imports pyarrow, which DAG parsing must not pay for.
     from airflow_provider_datagen.core.planner import check_redo_completed
 
     return check_redo_completed(owner, value)
