@@ -16,7 +16,10 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
 * ``reads``: ``item_state`` and the UI's item query before and after ``maintain()``, and after 10,000
   small commits against a freshly written log.
 * ``airflow``: 1,000 items as 10 chunks through ``DatagenMapOperator`` against 1,000 native mapped task
-  instances doing the same fake work, and the rerun with 99 % done (``dag.test()``).
+  instances doing the same fake work, and the rerun with 99 % done (``dag.test()``). Then under the real
+  scheduler (a stack on 127.0.0.1, LocalExecutor, ``parallelism=8``): 10,000 items x 50 ms through the
+  plan and ``chunk_size="auto"`` chunks at ``concurrency=64``, the run again with nothing pending, and
+  native mapping over 1,000 items in the same stack (``benchmarks.airflow_level.bench_scheduler``).
 * ``fanout``: a few roots split into many children each (5 ms of I/O-like waiting per child) through
   ``run_items`` with ``concurrency=8``, against the same run with ``concurrency=1``; with fewer roots
   than threads, only running children in parallel fills the threads. And one root split into a few
@@ -590,9 +593,10 @@ def bench_reads(tmp: Path, quick: bool) -> dict[str, Any]:
 _CHECKOUT = Path(__file__).resolve().parents[1]
 
 
-def bench_airflow(tmp: Path, quick: bool) -> list[dict[str, Any]]:
-    """Two sizes of per-item fake work: 5 ms (TI overhead dominates) and 50 ms (a fast model call)."""
-    rows = []
+def bench_airflow(tmp: Path, quick: bool) -> dict[str, Any]:
+    """``dag.test()`` at two sizes of per-item fake work: 5 ms (TI overhead dominates) and 50 ms (a fast
+    model call); then the real scheduler (:func:`bench_airflow_scheduler`)."""
+    rows: list[dict[str, Any]] = []
     for latency in ("0.005", "0.05"):
         home = tmp / f"airflow_home_{latency}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_"))}
@@ -636,7 +640,27 @@ def bench_airflow(tmp: Path, quick: bool) -> list[dict[str, Any]]:
             f"{row['native_s'] / row['concurrent_s']:.1f}x",
             flush=True,
         )
-    return rows
+    return {"dag_test": rows, "scheduler": bench_airflow_scheduler(tmp, quick)}
+
+
+def bench_airflow_scheduler(tmp: Path, quick: bool) -> dict[str, Any]:
+    from benchmarks.airflow_level import bench_scheduler
+
+    partial = os.environ.get("DATAGEN_BENCH_NATIVE_PARTIAL_AFTER")
+    row = bench_scheduler(tmp, quick, native_partial_after=float(partial) if partial else None)
+    c, r, legacy, native = row["chunked"], row["rerun_nothing_pending"], row["legacy_1k_10_chunks_c8"], row["native"]
+    print(
+        f"  real scheduler, parallelism {row['parallelism']}: {row['items']} items x 50 ms in {row['chunks']} chunks "
+        f"(chunk_size='auto', concurrency={row['concurrency']}) {c['wall_s']:.1f} s (plan task "
+        f"{c.get('first_task_s', 0):.1f} s, mapped wave {c.get('mapped_wave_s', 0):.1f} s) | nothing pending "
+        f"{r['wall_s']:.1f} s | before: 1,000 items in 10 chunks at concurrency=8 {legacy['wall_s']:.1f} s | native "
+        f"mapping {row['native_items']} items {native['wall_s']:.1f} s"
+        f"{' (extrapolated from the finished ones)' if native.get('partial') else ''} -> "
+        f"{row['native_vs_chunked_per_item']:.0f}x "
+        f"per item ({row['items']} items natively would take ~{row['native_at_chunked_size_s']:.0f} s)",
+        flush=True,
+    )
+    return row
 
 
 # --- 5. fan-out under threads -------------------------------------------------------------------

@@ -46,6 +46,8 @@ def _retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
 
 def _rate_limit_dict(owner: object, rate_limit: Any) -> dict[str, Any] | None:
     """``rate_limit`` (a ``RateLimit``, its dict form or None) checked, in the dict form Airflow serialises."""
+    if rate_limit is None:
+        return None
     # Deferred: core imports Lance, which DAG parsing must not pay for.
     from airflow_provider_datagen.core.ratelimit import RateLimit
 

@@ -9,13 +9,15 @@ from airflow_provider_datagen._arguments import (
     bad_argument,
     check_absolute_path,
     check_non_empty_str,
-    check_positive_int,
 )
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import DatagenBaseOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
+
+#: ``chunk_size="auto"``: one chunk per task instance Airflow runs at once.
+AUTO = "auto"
 
 
 class DatagenPlanOperator(DatagenBaseOperator):
@@ -32,7 +34,11 @@ class DatagenPlanOperator(DatagenBaseOperator):
     :param source: a list of dicts, or a path/URI to a ``.jsonl``, ``.parquet`` or ``.lance`` source.
     :param key_field: the field holding each item's unique source key.
     :param chunk_size: items per mapped task instance (grown if the chunks would exceed
-        ``[core] max_map_length``).
+        ``[core] max_map_length``), or ``"auto"``: as many chunks as the mapped task can run at once
+        (the smallest of ``[core] parallelism``, the DAG's ``max_active_tasks`` and the mapped task's
+        ``max_active_tis_per_dagrun`` / ``max_active_tis_per_dag``), so the pending items run in one
+        wave of task instances and each pays Airflow's start-up once; give the mapped task a
+        ``concurrency`` to overlap the calls within a chunk.
     :param processor_version: version of the processing code; cursors of other versions are demoted.
     :param redo_completed: ``"never"`` (the default) keeps items completed under another processor
         version (the plan logs how many); ``"other_version"`` regenerates them (and filtered ones),
@@ -75,7 +81,15 @@ class DatagenPlanOperator(DatagenBaseOperator):
             )
         self.source = list(source) if isinstance(source, tuple) else check_absolute_path(self, "source", source)
         self.key_field = check_non_empty_str(self, "key_field", key_field, "name the field holding each item's key")
-        self.chunk_size = check_positive_int(self, "chunk_size", chunk_size)
+        if chunk_size != AUTO and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+            raise bad_argument(
+                self,
+                "chunk_size",
+                chunk_size,
+                "is not a positive int",
+                f"give chunk_size an int of 1 or more, or {AUTO!r} for one chunk per parallel task slot",
+            )
+        self.chunk_size: int | str = chunk_size
         self.processor_version = check_non_empty_str(
             self, "processor_version", processor_version, "give the version of the processing code, e.g. 'v1'"
         )
@@ -98,11 +112,16 @@ class DatagenPlanOperator(DatagenBaseOperator):
             self.push_status(context, event_log.summary())
             return []
         max_map = _max_map_length()
+        chunk_size = self.chunk_size
+        if chunk_size == AUTO:
+            # one chunk per slot: plan_chunks grows the chunks from 1 item until they fit the slots
+            max_map = min(max_map, self.parallel_slots())
+            chunk_size = 1
         result = plan_chunks(
             event_log,
             self.source,
             key_field=self.key_field,
-            chunk_size=self.chunk_size,
+            chunk_size=chunk_size,
             processor_version=self.processor_version,
             max_chunks=max_map,
             redo_completed=self.redo_completed,
@@ -121,9 +140,34 @@ class DatagenPlanOperator(DatagenBaseOperator):
         self.push_status(context, result.status)
         return [{"chunk": c, "redo_completed": self.redo_completed} for c in result.chunks]
 
+    def parallel_slots(self) -> int:
+        """How many task instances of the mapped tasks after this plan Airflow runs at once.
+
+        The smallest of ``[core] parallelism``, the DAG's ``max_active_tasks`` and each downstream
+        task's ``max_active_tis_per_dagrun`` / ``max_active_tis_per_dag``. Pools are not counted (a
+        task cannot read a pool's size) and neither are other DAGs' tasks sharing the executor.
+        """
+        limits = [_config_int("parallelism", 32)]
+        dag = getattr(self, "dag", None)
+        if dag is not None and getattr(dag, "max_active_tasks", None):
+            limits.append(int(dag.max_active_tasks))
+        for task in self.downstream_list:
+            for attr in ("max_active_tis_per_dagrun", "max_active_tis_per_dag"):
+                value = getattr(task, attr, None)
+                if isinstance(value, int) and value > 0:
+                    limits.append(value)
+        return max(1, min(limits))
+
+
+#: ``core.planner.REDO_COMPLETED``, repeated so that a valid value is accepted at DAG parse without
+#: importing the planner (pyarrow and numpy); the planner's check stays the rule and its message.
+_REDO_COMPLETED = ("never", "other_version")
+
 
 def check_redo_completed_argument(owner: BaseOperator, value: Any) -> str:
-    # Deferred: core imports Lance, which DAG parsing must not pay for.
+    if isinstance(value, str) and value in _REDO_COMPLETED:
+        return value
+    # Deferred: the planner imports pyarrow, which DAG parsing must not pay for.
     from airflow_provider_datagen.core.planner import check_redo_completed
 
     return check_redo_completed(owner, value)
@@ -141,10 +185,15 @@ def check_budget_arguments(owner: BaseOperator, budget_usd: Any, budget_tokens: 
 
 
 def _max_map_length() -> int:
+    return _config_int("max_map_length", 1024)
+
+
+def _config_int(key: str, default: int) -> int:
+    """``[core] <key>`` as an int, or ``default``."""
     try:
         # Deferred and guarded: the full Airflow configuration is absent on a task-SDK-only worker.
         from airflow.configuration import conf
 
-        return conf.getint("core", "max_map_length", fallback=1024)
+        return conf.getint("core", key, fallback=default)
     except Exception:  # a worker with only the task SDK
-        return 1024
+        return default

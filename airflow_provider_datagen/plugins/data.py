@@ -32,7 +32,7 @@ from airflow_provider_datagen.hooks.datagen import DatagenHook, redact_uri
 from airflow_provider_datagen.plugins.access import Writers
 from airflow_provider_datagen.plugins.cache import VersionedCache
 from airflow_provider_datagen.plugins.insights import next_run, spend_panel, throughput
-from airflow_provider_datagen.plugins.item_view import RESOLVED_STATUSES, iso, item_data
+from airflow_provider_datagen.plugins.item_view import RESOLVED_STATUSES, attempt_facts, iso, item_data
 from airflow_provider_datagen.plugins.ti_view import TaskInstanceKey, current_status, scan_task_instance
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ _FAILURE_COLUMNS = (
     "try_number",
     "created_at",
 )
+# Read with them for the retry facts (a transient attempt, its number and wait), not shown as they are.
+_ATTEMPT_COLUMNS = ("status", "value_json")
 
 
 # The usage ledger's read side, in one place: ``log.usage()``, ``log.item_usage(item_id)`` and
@@ -230,7 +232,7 @@ class Reader:
 
         def compute() -> tuple[list[dict[str, Any]], int]:
             flt = pc.field("event_type") == pa.scalar(EventType.FAILED.value)
-            table = event_log.scan(list(_FAILURE_COLUMNS), flt)
+            table = event_log.scan([*_FAILURE_COLUMNS, *_ATTEMPT_COLUMNS], flt)
             rows = {r["event_id"]: r for r in table.to_pylist()}  # a retried batch lands twice
             ordered = sorted(
                 rows.values(),
@@ -240,6 +242,7 @@ class Reader:
             recent = [
                 {**{k: r[k] for k in _FAILURE_COLUMNS if k != "error_message"}, "message": r["error_message"] or ""}
                 | {"created_at": iso(r["created_at"])}
+                | attempt_facts(r["status"], r["value_json"])
                 for r in ordered[:RECENT_FAILURES]
             ]
             return recent, len(rows)

@@ -5,6 +5,8 @@ Registered only through the ``airflow.plugins`` entry point (pyproject.toml). It
 * a FastAPI app mounted by the API server at ``/datagen`` (``links.PLUGIN_URL_PREFIX``; the app is
   ``plugins/app.py``), every route behind Airflow's own auth;
 * a top-level nav entry "Datagen" (the experiments index in an iframe);
+* a listener that fails, as it starts, a run whose datagen task asks for more pool slots than its
+  pool has (``plugins/pools.py``): Airflow would leave it waiting forever;
 * a "Datagen" tab on every task instance (``/datagen/ti/<dag>/<run>/<task>/<map index>`` in an
   iframe): the items that map index wrote and what each try did to them.
 
@@ -27,6 +29,7 @@ from urllib.parse import quote
 from airflow.sdk.plugins_manager import AirflowPlugin
 
 from airflow_provider_datagen.links import PLUGIN_URL_PREFIX
+from airflow_provider_datagen.plugins.pools import PoolSlotsCheck
 
 # Hrefs are relative (no leading slash): the Airflow UI page sets <base href> to the API server's
 # base path, so the iframe resolves them under a reverse-proxy sub-path too.
@@ -91,6 +94,9 @@ class DatagenPlugin(AirflowPlugin):
     ]
     operator_extra_links: list[Any] = []
     global_operator_extra_links: list[Any] = []
+    # In the scheduler: a run whose datagen task asks for more pool slots than its pool has is failed
+    # when it starts, with the reason as its note, instead of waiting forever (plugins/pools.py).
+    listeners = [PoolSlotsCheck()]
 
     @property  # type: ignore[override]
     def fastapi_apps(self) -> list[dict[str, Any]]:

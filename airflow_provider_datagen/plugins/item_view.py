@@ -15,6 +15,7 @@ from airflow_provider_datagen.core import BlobRef, EventType, ItemStatus, fold_e
 from airflow_provider_datagen.core.events import decode_source_json, fingerprint_of
 from airflow_provider_datagen.core.fold import failure_records
 from airflow_provider_datagen.core.ids import parent_of, root_of
+from airflow_provider_datagen.core.schema import STORED_STATUS_TRANSIENT
 from airflow_provider_datagen.core.store.snapshots import snapshot_texts
 from airflow_provider_datagen.exceptions import NotFoundError
 
@@ -66,10 +67,34 @@ def failure_dict(rec: FailureRecord, *, with_traceback: bool) -> dict[str, Any]:
         "map_index": rec.map_index,
         "try_number": rec.try_number,
         "created_at": iso(rec.created_at),
+        "transient": rec.transient,
+        "attempt": rec.attempt,
+        "wait": rec.wait,
     }
     if with_traceback:
         out["traceback"] = rec.traceback
     return out
+
+
+def attempt_facts(status: str | None, value_json: str | None) -> dict[str, Any]:
+    """A FAILED row's retry facts from its stored columns: ``transient``, ``attempt`` and ``wait``.
+
+    What :class:`~airflow_provider_datagen.core.FailureRecord` carries, for pages that scan FAILED rows
+    without folding them (a row written without a retry policy has neither attempt nor wait).
+    """
+    record: Any = None
+    if value_json:
+        try:
+            record = json.loads(value_json)
+        except ValueError:
+            record = None
+    if not isinstance(record, dict):
+        record = {}
+    return {
+        "transient": status == STORED_STATUS_TRANSIENT,
+        "attempt": record.get("attempt"),
+        "wait": record.get("wait"),
+    }
 
 
 def field_value(value: Any) -> Any:

@@ -351,3 +351,32 @@ def test_pages_follow_new_commits(client: TestClient, ui_log: Any) -> None:
         b.terminal("a")
     s = client.get("/datagen/api/experiments/qa/live").json()
     assert s["completed"] == 1 and s["log_version"] == lg.version
+
+
+def test_transient_attempts_are_marked_in_the_failure_lens(client: TestClient, ui_log: Any) -> None:
+    """An attempt a retry policy retried in place shows as transient (attempt, wait); a plain failure does not."""
+    lg = ui_log("qa", "retried")
+    w = lg.writer("w", 1, airflow=airflow_coords())
+    with w.batch() as b:
+        for item in ("a", "b"):
+            b.item_created(item, input_fingerprint=f"f-{item}")
+        b.failed("a", error=TimeoutError("model timed out"), step="gen", attempt=1, transient=True, wait=0.25)
+        b.terminal("a")
+        b.failed("b", error=ValueError("refused"), step="gen")
+    api = "/datagen/api/experiments/qa/retried"
+    failures = {f["item_id"]: f for f in client.get(api).json()["recent_failures"]}
+    assert {k: (f["transient"], f["attempt"], f["wait"], f["resolved"]) for k, f in failures.items()} == {
+        "a": (True, 1, 0.25, True),
+        "b": (False, None, None, False),
+    }
+    assert client.get(api).json()["failed_items"] == 1
+    table = client.get("/datagen/experiments/qa/retried").text.split("<h2>Failures", 1)[1].split("<h2>Items", 1)[0]
+    rows = {re.search(r"item\?id=(\w+)", r).group(1): r.split("</tr>")[0] for r in table.split("<tr>")[2:]}  # type: ignore[union-attr]
+    assert "s-transient" in rows["a"] and "attempt 1, then waited 0.25 s" in rows["a"]
+    assert "s-transient" not in rows["b"] and "attempt" not in rows["b"]
+    item = client.get(f"{api}/item?id=a").json()
+    assert [(f["error_type"], f["transient"], f["attempt"], f["wait"]) for f in item["failures"]] == [
+        ("TimeoutError", True, 1, 0.25)
+    ]
+    page = client.get("/datagen/experiments/qa/retried/item?id=a").text
+    assert "s-transient" in page and "attempt 1, then waited 0.25 s" in page
