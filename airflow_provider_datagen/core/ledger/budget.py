@@ -161,19 +161,16 @@ class RunUsage:
         """Charge a record's tokens to the token window and its calls beyond the first as requests.
 
         The attempt's first call was taken by the limiter before the attempt started; the others
-        (``calls=N``) are taken now, waiting for the request window like any start would.
+        (``calls=N``) were made already, so they are charged without waiting (an async process's
+        event loop never blocks here) and the limiter's next start pays what did not fit.
         """
         limiter = self._limiter
         if limiter is None:
             return
         if self._charges_tokens and record.tokens:
             limiter.charge_tokens(record.tokens)
-        extra = record.calls - 1
-        rpm = limiter.rate_limit.requests_per_minute
-        while extra > 0:
-            n = min(extra, rpm)
-            limiter.acquire(cost_requests=n)
-            extra -= n
+        if record.calls > 1:
+            limiter.charge_requests(record.calls - 1)
 
     # --- the budget: RunShared.stop_pulling -------------------------------------------------------
 

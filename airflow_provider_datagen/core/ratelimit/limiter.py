@@ -141,6 +141,8 @@ class SharedLimiter:
         self._tokens = RateLimitItemPerMinute(tpm // self.token_unit, namespace=_NAMESPACE) if tpm else None
         # Tokens this limiter owes the shared window; negative is a credit (see charge_tokens).
         self._owed = 0
+        # Requests charged after their calls (``calls=N`` through ctx) not yet in the shared window.
+        self._owed_requests = 0
         self._lock = threading.Lock()
 
     # -- public API ------------------------------------------------------------------------------------
@@ -191,6 +193,20 @@ class SharedLimiter:
             return
         self._add_owed(n)
         self._pay_tokens()
+
+    def charge_requests(self, n: int) -> None:
+        """Charge ``n`` more requests to the key: calls already made (an attempt that made several).
+
+        Never waits, so an event loop may call it: the calls happened already, so blocking now would
+        not stop them. What fits is written to the shared window at once; the rest is paid by this
+        limiter's next :meth:`acquire` before it lets a call start.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise bad_argument(type(self), "charge_requests(n)", n, "is not an int >= 0", "give a request count")
+        if n:
+            with self._lock:
+                self._owed_requests += n
+            self._pay_requests()
 
     def cooldown(self, seconds: float) -> float:
         """After a 429: no call starts on this key, in any process, for ``seconds``; the shared deadline.
@@ -245,6 +261,8 @@ class SharedLimiter:
             return until - now
         if self._tokens is not None and (wait := self._pay_tokens()) > 0:
             return wait
+        if self._owed_requests and (wait := self._pay_requests()) > 0:
+            return wait
         # Tokens are paid before the request slot is taken: a slot taken and then held while waiting
         # would be counted earlier than its call starts, letting N+1 starts into some 60 s.
         if self._strategy.hit(self._requests, self.key, "requests", cost=cost):
@@ -265,6 +283,18 @@ class SharedLimiter:
                 self._owed -= piece * self.token_unit
                 units -= piece
         return self._wait_for(item, "tokens") if units > 0 else 0.0
+
+    def _pay_requests(self) -> float:
+        """Write owed requests to the request window, in pieces that fit; 0.0 when nothing is left owed."""
+        with self._lock:
+            while self._owed_requests > 0:
+                remaining = self._strategy.get_window_stats(self._requests, self.key, "requests").remaining
+                piece = min(self._owed_requests, remaining)
+                if piece <= 0 or not self._strategy.hit(self._requests, self.key, "requests", cost=piece):
+                    break
+                self._owed_requests -= piece
+            owed = self._owed_requests
+        return self._wait_for(self._requests, "requests") if owed > 0 else 0.0
 
     def _wait_for(self, item: RateLimitItemPerMinute, kind: str) -> float:
         # Until the oldest start in the window leaves it (a slot frees then); someone else may take it,
