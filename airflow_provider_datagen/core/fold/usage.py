@@ -222,7 +222,11 @@ def _entries(table: pa.Table) -> tuple[pa.StructArray, np.ndarray]:
 def usage_rows_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
     """Which rows of ``table`` may carry usage (a STEP_COMPLETED or FAILED row with a value)."""
     keep = pc.is_in(table["event_type"], value_set=pa.array(USAGE_TYPES))
-    return pc.and_(keep, pc.is_valid(table["value_json"]))
+    # Only JSON objects naming "usage" (as the reference fold reads them): other values of these rows
+    # (a failure's record without usage, any other JSON) are not parsed at all. Null values give null,
+    # which a filter drops.
+    value = table["value_json"]
+    return pc.and_(keep, pc.and_(pc.starts_with(value, "{"), pc.match_substring(value, '"usage"')))
 
 
 def sums_of_table(table: pa.Table) -> Sums:

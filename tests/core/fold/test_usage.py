@@ -60,6 +60,8 @@ payloads = st.one_of(
     st.none(),  # a row without a value (a plain STEP_COMPLETED, a FAILED row without a policy)
     st.fixed_dictionaries({"attempt": st.integers(1, 4), "transient": st.booleans()}),  # a retry record only
     st.fixed_dictionaries({"attempt": st.integers(1, 4), "usage": st.lists(entries, max_size=3)}),
+    # values that are not a usage record: another JSON type, an object that only mentions "usage"
+    st.sampled_from(["a string", 7, ["usage"], {"note": "usage"}]),
 )
 kinds = st.sampled_from(
     [
