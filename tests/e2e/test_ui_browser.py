@@ -388,9 +388,14 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     assert prompt["prompt"] in input_text, input_text
     assert frame.locator("#output table tbody tr").count() >= 1
     shots.element(frame.locator(".cols"), f"item-input-output-{rerun_item}")
-    usage = frame.locator("h2#usage + *")
-    assert "No usage recorded" in usage.inner_text() or usage.locator("tbody tr").count() >= 1
-    shots.element(usage, f"item-usage-{rerun_item}")
+    # The fake model reports usage: one row per attempt, the failed one of the first run and the
+    # completed one of the rerun, with the totals above them.
+    summary = frame.locator("h2#usage + p")
+    assert " calls · " in summary.inner_text(), summary.inner_text()
+    attempts = frame.locator("h2#usage + p + table tbody tr")
+    assert attempts.count() == 2
+    assert [attempts.nth(i).locator("td").nth(2).inner_text() for i in range(2)] == ["failed", "completed"]
+    shots.element(frame.locator("h2#usage + p + table"), f"item-usage-{rerun_item}")
 
     # The plugin's page straight from the api-server, with the session cookie: allowed.
     response = page.goto(f"{client.base_url}/datagen/")
