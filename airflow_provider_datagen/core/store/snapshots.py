@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_datagen.core.store.lance_io import open_dataset
 from airflow_provider_datagen.core.store.paths import SNAPSHOTS_DIR, experiment_uri, is_local
 
 
@@ -32,7 +32,7 @@ def snapshot_texts(log_uri: str, item_id: str, storage_options: dict[str, str] |
     texts = []
     for entry in sorted(entries, key=lambda e: e.stat().st_mtime, reverse=True):
         try:
-            table = lance.dataset(entry.path, storage_options=storage_options).to_table(
+            table = open_dataset(entry.path, storage_options).to_table(
                 columns=["item"], filter=pc.field("item_id") == pa.scalar(item_id, pa.string())
             )
         except (OSError, ValueError):
