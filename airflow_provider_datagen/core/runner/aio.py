@@ -22,11 +22,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.runner.attempts import call_step_async
-from airflow_provider_datagen.core.runner.commit import MIN_PULL, pulls
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
 from airflow_provider_datagen.core.runner.interpreter import COMPLETED, guarded
 from airflow_provider_datagen.core.runner.signals import RunEnded
-from airflow_provider_datagen.core.runner.threads import RootJob
+from airflow_provider_datagen.core.runner.threads import RootJob, root_jobs
 from airflow_provider_datagen.exceptions import ItemFailedError, ProcessContractError
 
 if TYPE_CHECKING:
@@ -40,33 +39,6 @@ if TYPE_CHECKING:
 
 #: signals whose Python handler (an orchestrator's: it raises) is run by the driver, not inside a task
 _HANDLED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGALRM") if hasattr(signal, name))
-
-
-def root_jobs(
-    runner: Runner,
-    writer: LogWriter,
-    replays: Iterable[tuple[SourceItem, ItemState]],
-    restart: list[str],
-    by_id: dict[str, SourceItem],
-    plan: ResumePlan,
-) -> Iterator[RootJob]:
-    """The inbox replays, then the restarted and fresh items, each pull committed as it is reached.
-
-    Consumed as items start: the first pull happens once the last replay started, the next once the
-    previous pull's items all started (no idle tail), and each pull's inbox commit precedes its items.
-    """
-    shared = runner.shared
-    replayed_restarts = set(plan.demoted)
-    cap = max(shared.policy.group, MIN_PULL)
-    for src, state in replays:
-        yield RootJob(src, state, True, False)
-    if shared.policy.pipelined:
-        runner.ack_bound = cap + 1  # as run_items' sequential path: each pull's acks commit with the next
-    for chunk in pulls(restart, cap, shared.policy.interval):
-        writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
-        runner.pull([(by_id[iid], None) for iid in chunk])
-        for iid in chunk:
-            yield RootJob(by_id[iid], None, iid in replayed_restarts, iid in plan.last_seq)
 
 
 class AsyncDriver:

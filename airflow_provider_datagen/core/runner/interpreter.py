@@ -108,6 +108,10 @@ class Interpreter:
     def _stage_completed_usage(self, item_id: str, coord: StepCoord, ctx: ItemContext) -> None:
         """A STEP_COMPLETED carrying the usage ``ctx`` recorded (the attempt's end; see core/ledger/staging.py)."""
         assert ctx._usage is not None
+        self._step_completed(item_id, coord, completed_value(self.shared, ctx.attempt, ctx._usage))
+
+    def _step_completed(self, item_id: str, coord: StepCoord, value: Any = None) -> None:
+        """Stage a STEP_COMPLETED at ``coord`` without a cached shape (``value``: its JSON payload, if any)."""
         self.batch.step_completed(
             item_id,
             step=coord.step or "",
@@ -117,7 +121,7 @@ class Interpreter:
             iteration=coord.iteration,
             fanout_index=coord.fanout_index,
             selector_step=coord.selector_step,
-            value=completed_value(self.shared, ctx.attempt, ctx._usage),
+            value=value,
         )
 
     def _drive(
@@ -273,16 +277,7 @@ class Interpreter:
         elif shape is not None:
             b.add_shaped(item.item_id, shape)
         else:
-            b.step_completed(
-                item.item_id,
-                step=coord.step or "",
-                processor_version=self.shared.processor_version,
-                step_kind=coord.step_kind,
-                enclosing_step=coord.enclosing_step,
-                iteration=coord.iteration,
-                fanout_index=coord.fanout_index,
-                selector_step=coord.selector_step,
-            )
+            self._step_completed(item.item_id, coord)
         if frame is None:
             frame = coord.frame_key
         item.completed.add(frame)

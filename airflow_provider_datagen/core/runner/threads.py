@@ -483,6 +483,34 @@ def serve(runner: Runner, requests: list[FlushRequest]) -> None:
             request.done.set()
 
 
+def root_jobs(
+    runner: Runner,
+    writer: LogWriter,
+    replays: Iterable[tuple[SourceItem, ItemState]],
+    restart: list[str],
+    by_id: dict[str, SourceItem],
+    plan: ResumePlan,
+) -> Iterator[RootJob]:
+    """The inbox replays, then the restarted and fresh items, each pull committed as it is reached.
+
+    Consumed as items start, by the thread driver and the async driver alike: the first pull happens
+    once the last replay started, the next once the previous pull's items all started (no idle
+    tail), and each pull's inbox commit precedes its items.
+    """
+    shared = runner.shared
+    replayed_restarts = set(plan.demoted)
+    cap = max(shared.policy.group, MIN_PULL)
+    for src, state in replays:
+        yield RootJob(src, state, True, False)
+    if shared.policy.pipelined:
+        runner.ack_bound = cap + 1  # as run_items' sequential path: each pull's acks commit with the next
+    for chunk in pulls(restart, cap, shared.policy.interval):
+        writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
+        runner.pull([(by_id[iid], None) for iid in chunk])
+        for iid in chunk:
+            yield RootJob(by_id[iid], None, iid in replayed_restarts, iid in plan.last_seq)
+
+
 def run_pulls_concurrently(
     runner: Runner,
     writer: LogWriter,
@@ -499,23 +527,6 @@ def run_pulls_concurrently(
     this thread as it is consumed); the restarted and fresh items follow without a drain between.
     """
     shared = runner.shared
-    replayed_restarts = set(plan.demoted)
-    cap = max(shared.policy.group, MIN_PULL)
-
-    def jobs() -> Iterator[RootJob]:
-        # Consumed as threads free up: the first pull happens once the last replay is submitted, the
-        # next pull once the previous pull's items are all submitted, while the last ones still run
-        # (no idle tail), and each pull's inbox commit still precedes its own items' work.
-        for src, state in replays:
-            yield RootJob(src, state, True, False)
-        if shared.policy.pipelined:
-            runner.ack_bound = cap + 1  # as run_items' sequential path: each pull's acks commit with the next
-        for chunk in pulls(restart, cap, shared.policy.interval):
-            writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
-            runner.pull([(by_id[iid], None) for iid in chunk])
-            for iid in chunk:
-                yield RootJob(by_id[iid], None, iid in replayed_restarts, iid in plan.last_seq)
-
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="datagen-item")
     if shared.has_fanout:
         # a second pool: children queued behind roots that wait for them would never run
@@ -525,7 +536,7 @@ def run_pulls_concurrently(
     # The child pool and permits stay in the shared state after the run: a worker still finishing
     # when the run ended must find the pool it started with (shut down), never a sequential fallback.
     try:
-        run_concurrent(runner, pool, concurrency, jobs(), tick)
+        run_concurrent(runner, pool, concurrency, root_jobs(runner, writer, replays, restart, by_id, plan), tick)
     except BaseException:
         # in-flight items are not acknowledged (they replay next run); their threads end on their own
         for p in pools:

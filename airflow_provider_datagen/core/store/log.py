@@ -6,7 +6,9 @@ blob bytes live in a blob-encoded ``value_blob`` column, located by ``event_id``
 row id (see docs/design.md, "The event log" and "Where we differ from the original design"). This module opens and
 validates the dataset, appends to it, and serves the reads and lenses; staging and numbering events
 (:mod:`.batch`, :mod:`.writer`), the states cache (:mod:`.projection`), maintenance
-(:mod:`.maintenance`) and raw Lance I/O (:mod:`.lance_io`) live beside it.
+(:mod:`.maintenance`), the usage ledger (:mod:`.ledger`) and raw Lance I/O (:mod:`.lance_io`) live
+beside it. Past ~600 lines because :class:`CheckpointLog` is the public face of all of them: the
+ledger and snapshot methods are one-line delegations kept here so users have one object to call.
 """
 
 from __future__ import annotations
