@@ -14,7 +14,7 @@ from airflow_provider_datagen.core.runner.attempts import call_step
 from airflow_provider_datagen.core.runner.commit import Committer
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
 from airflow_provider_datagen.core.runner.failures import on_failure
-from airflow_provider_datagen.core.runner.interpreter import COMPLETED, FILTERED
+from airflow_provider_datagen.core.runner.interpreter import COMPLETED
 from airflow_provider_datagen.core.runner.signals import StepFailure
 from airflow_provider_datagen.core.schema import EventType, ItemStatus
 
@@ -124,23 +124,11 @@ class Runner(Committer):
         except BaseException as exc:
             self.fail_leaf(item, exc, ctx._usage)
             return
-        filtered, reason = ctx._filtered
         try:
-            if ctx._ops or sets:
-                self._stage_delta(iid, coord.step, sets, ctx._ops)
-            if ctx._usage is None:
-                # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
-                self.batch.add_shaped(iid, shape, None if filtered else done)
-            else:
-                self._stage_completed_usage(iid, coord, ctx)
-                if not filtered:
-                    self.batch.add_shaped(iid, done)
+            self._stage_leaf(iid, coord, shape, done, ctx, sets)
         except BaseException as exc:
             on_failure(self, item if isinstance(item, WorkItem) else self._bare_item(item), exc)
             return
-        self.steps += 1
-        if filtered:
-            self.batch.terminal(iid, status=FILTERED, reason=reason)
         self.acked += 1
         self.report.processed.append(iid)
         if self._flush_due():

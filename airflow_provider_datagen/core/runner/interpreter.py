@@ -110,6 +110,28 @@ class Interpreter:
         assert ctx._usage is not None
         self._step_completed(item_id, coord, completed_value(self.shared, ctx.attempt, ctx._usage))
 
+    def _stage_leaf(
+        self, iid: str, coord: StepCoord, shape: Any, done: Any, ctx: ItemContext, sets: Mapping[str, Any]
+    ) -> None:
+        """Stage a one-step pipeline's finished call: field deltas, STEP_COMPLETED and its TERMINAL.
+
+        The TERMINAL is completed, or filtered by the step. Shared by the main thread's short path
+        (:meth:`Runner.finish_leaf`) and a worker's (``ItemWorker.work_fresh_leaf``).
+        """
+        filtered, reason = ctx._filtered
+        if ctx._ops or sets:
+            self._stage_delta(iid, coord.step, sets, ctx._ops)
+        if ctx._usage is None:
+            # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
+            self.batch.add_shaped(iid, shape, None if filtered else done)
+        else:  # a STEP_COMPLETED carrying the recorded usage
+            self._stage_completed_usage(iid, coord, ctx)
+            if not filtered:
+                self.batch.add_shaped(iid, done)
+        self.steps += 1
+        if filtered:
+            self.batch.terminal(iid, status=FILTERED, reason=reason)
+
     def _step_completed(self, item_id: str, coord: StepCoord, value: Any = None) -> None:
         """Stage a STEP_COMPLETED at ``coord`` without a cached shape (``value``: its JSON payload, if any)."""
         self.batch.step_completed(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, pulls
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.failures import on_failure
-from airflow_provider_datagen.core.runner.interpreter import FILTERED, ChildJob, Interpreter, guarded
+from airflow_provider_datagen.core.runner.interpreter import ChildJob, Interpreter, guarded
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import FlushRequest
 from airflow_provider_datagen.core.runner.signals import RunEnded, StepFailure
@@ -105,22 +105,10 @@ class ItemWorker(Interpreter):
                 ctx._mode_check(name, "set")
         except BaseException as exc:
             return None, StepFailure(iid, coord, exc, usage=ctx._usage)
-        filtered, reason = ctx._filtered
         try:
-            if ctx._ops or sets:
-                self._stage_delta(iid, coord.step, sets, ctx._ops)
-            if ctx._usage is None:
-                # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
-                self.batch.add_shaped(iid, shape, None if filtered else done)
-            else:  # as Runner.finish_leaf: a STEP_COMPLETED carrying the recorded usage
-                self._stage_completed_usage(iid, coord, ctx)
-                if not filtered:
-                    self.batch.add_shaped(iid, done)
+            self._stage_leaf(iid, coord, shape, done, ctx, sets)
         except BaseException as exc:
             return None, exc
-        self.steps += 1
-        if filtered:
-            self.batch.terminal(iid, status=FILTERED, reason=reason)
         return STAGED, None
 
     def work_child(self, child: WorkItem, body: Step, path: str, created: dict[str, Any] | None) -> ChildOutcome:

@@ -30,6 +30,7 @@ from airflow_provider_datagen.core.fold.usage import (
     usage_of_events,
     usage_of_sums,
 )
+from airflow_provider_datagen.core.ids import parent_of
 from airflow_provider_datagen.core.store import lance_io
 from airflow_provider_datagen.core.store.paths import budget_uri
 
@@ -113,7 +114,7 @@ def spend(log: CheckpointLog, exclude_writer: tuple[str, int] | None) -> tuple[i
 
 def item_usage(log: CheckpointLog, item_id: str) -> dict[str, Any]:
     """``CheckpointLog.item_usage()``: a root item's usage (its fan-out children's included) by attempt."""
-    events = log.subtree(item_id) if "/" not in item_id else log.events(item_id)
+    events = log.subtree(item_id) if parent_of(item_id) is None else log.events(item_id)
     out = usage_of_events(events)
     out["attempts"] = attempts_of_events(events)
     return out
