@@ -65,18 +65,16 @@ def test_map_tasks_stop_on_the_budget_and_a_raised_budget_continues(
 ) -> None:
     first = run_dag_file(_dag("budget_low", "spend", 0.03, tmp_path), "budget_low")
     states = first.states()
-    # the budget skipped both mapped tasks (no item failed); the first ran 3 items, the second none
-    assert states[("generate", 0)] == "skipped"
-    assert states[("generate", 1)] == "skipped"
-    assert first.xcom("generate", key="datagen_report", map_index=0) == {
-        "processed": 3,
-        "skipped": 0,
-        "replayed": 0,
-        "failed": 0,
-        "invocations": 3,
-        "stopped_by_budget": True,
-    }
-    assert first.xcom("generate", key="datagen_report", map_index=1)["invocations"] == 0
+    # the budget skipped both mapped tasks (no item failed). Which chunk dag.test() runs first is its
+    # choice, so one of them ran 3 items and the other found the budget spent before its first call.
+    reports = sorted(
+        (first.xcom("generate", key="datagen_report", map_index=i) for i in (0, 1)),
+        key=lambda report: report["invocations"],
+    )
+    assert reports == [
+        {"processed": 0, "skipped": 0, "replayed": 0, "failed": 0, "invocations": 0, "stopped_by_budget": True},
+        {"processed": 3, "skipped": 0, "replayed": 0, "failed": 0, "invocations": 3, "stopped_by_budget": True},
+    ]
     log = _log("spend")
     status = log.summary()
     assert status["completed"] == 3 and status["failed_items"] == 0
