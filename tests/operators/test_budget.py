@@ -65,6 +65,8 @@ def test_map_tasks_stop_on_the_budget_and_a_raised_budget_continues(
 ) -> None:
     first = run_dag_file(_dag("budget_low", "spend", 0.03, tmp_path), "budget_low")
     states = first.states()
+    assert states[("generate", 0)] == "skipped"
+    assert states[("generate", 1)] == "skipped"
     # the budget skipped both mapped tasks (no item failed). Which chunk dag.test() runs first is its
     # choice, so one of them ran 3 items and the other found the budget spent before its first call.
     reports = sorted(
