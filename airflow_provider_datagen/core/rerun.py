@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
 SNAPSHOT = "snapshot"
+#: Key characters every JSON writer leaves as they are.
+_UNESCAPED = re.compile(r"[A-Za-z0-9 _.:@-]+")
 
 
 @dataclass
@@ -293,9 +296,10 @@ def _parquet_rows(uri: str, key_field: str, key: str) -> list[dict[str, Any]]:
 
 
 def _jsonl_rows(uri: str, key_field: str, item_id: str, key: str) -> list[dict[str, Any]]:
-    # A line holds the key as JSON text; when that text is unambiguous (ASCII that needs no escape),
-    # lines without it are skipped unparsed, which makes the scan about as fast as reading the file.
-    needle = key.encode() if key.isascii() and key.isprintable() and '"' not in key and "\\" not in key else None
+    # A line holds the key as JSON text; when no JSON writer escapes any of its characters (some write
+    # "/" as "\/", "<" as "\u003c", non-ASCII as "\uXXXX"), lines without it are skipped unparsed,
+    # which makes the scan about as fast as reading the file.
+    needle = key.encode() if _UNESCAPED.fullmatch(key) else None
     for line in _lines(uri):
         if needle is not None and needle not in line:
             continue
