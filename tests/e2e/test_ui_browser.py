@@ -312,8 +312,11 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     assert {(t["task_id"], t["map_index"]) for t in cleared} >= {("generate", i) for i in failed}
     assert client.wait_run(DAG_ID, run_id, timeout=180) == "success"
 
-    # The nav view again: everything completed, nothing failed now.
-    frame = open_nav_view(page)
+    # The nav view again, loaded afresh (the iframe is on the experiment page, deep-linked in the
+    # UI's URL): everything completed, nothing failed now.
+    page.goto(client.base_url + "/plugin/datagen")
+    frame = page.frame_locator(IFRAME)
+    frame.locator("h1", has_text="Datagen experiments").wait_for()
     row = experiment_row(frame)
     shots.take(page, "nav-index-after-rerun")
     assert (row["Items"], row["Completed"], row["Failed"], row["Running"], row["Done"]) == (
