@@ -16,6 +16,9 @@ from airflow_provider_datagen.operators.base import DatagenBaseOperator
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
 
+    from airflow_provider_datagen.core.chunks import PlannedChunks
+    from airflow_provider_datagen.core.store.log import CheckpointLog
+
 #: ``chunk_size="auto"``: one chunk per task instance Airflow runs at once.
 AUTO = "auto"
 
@@ -137,8 +140,32 @@ class DatagenPlanOperator(DatagenBaseOperator):
                 sum(kept.values()),
                 ", ".join(f"{v}: {n}" for v, n in kept.items()),
             )
+        self.record_source(event_log, result)
         self.push_status(context, result.status)
         return [{"chunk": c, "redo_completed": self.redo_completed} for c in result.chunks]
+
+    def record_source(self, event_log: CheckpointLog, result: PlannedChunks) -> None:
+        """Record beside the log which source this plan read, for the UI's next-run panel and item inputs.
+
+        Names only (the connection id, its storage options' keys), never their values. A failure to
+        record is logged and the plan goes on: the UI then shows the log-only view.
+        """
+        from airflow_provider_datagen.core.rerun import record_plan_source
+        from airflow_provider_datagen.exceptions import DatagenError
+
+        try:
+            record_plan_source(
+                event_log,
+                self.source,
+                result,
+                key_field=self.key_field,
+                processor_version=self.processor_version,
+                redo_completed=self.redo_completed,
+                conn_id=self.datagen_conn_id,
+                storage_option_names=list(self.hook.storage_options),
+            )
+        except (DatagenError, OSError) as exc:
+            self.log.warning("could not record the plan's source beside the log (the UI shows less): %s", exc)
 
     def parallel_slots(self) -> int:
         """How many task instances of the mapped tasks after this plan Airflow runs at once.

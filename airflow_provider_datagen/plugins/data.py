@@ -27,6 +27,7 @@ from airflow_provider_datagen.core import CheckpointLog, EventType, ItemStatus
 from airflow_provider_datagen.core.ids import check_name
 from airflow_provider_datagen.core.status import FAILED, failed_mask
 from airflow_provider_datagen.core.store.paths import CHECKPOINTS_DIR, LOG_DIR, ExperimentRef, list_experiments
+from airflow_provider_datagen.core.store.source_ref import INLINE, SourceRef, recorded_source, source_stamp
 from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, NotFoundError
 from airflow_provider_datagen.hooks.datagen import DatagenHook, redact_uri
 from airflow_provider_datagen.plugins.access import Writers
@@ -125,9 +126,10 @@ def _counts(states: pa.Table) -> dict[str, int]:
 class Reader:
     """Read access to every experiment under one root, with folds cached per log version."""
 
-    def __init__(self, root: str, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, root: str, storage_options: dict[str, str] | None = None, conn_id: str | None = None) -> None:
         self.root = root
         self.storage_options = dict(storage_options or {})
+        self.conn_id = conn_id
         self._logs: dict[ExperimentRef, CheckpointLog] = {}
         self._logs_lock = threading.Lock()
         self._prepared = VersionedCache()
@@ -255,14 +257,46 @@ class Reader:
         event_log, version = opened
         prep = self.prepared(pipeline, experiment, opened)
 
+        source = self.source_of(event_log)
+
         def compute() -> dict[str, Any]:
             return {
                 "spend": spend_panel(usage_of(event_log), budget_of(event_log), prep.summary),
                 "throughput": throughput(event_log),
-                "next_run": next_run(prep.states, prep.summary),
+                "next_run": next_run(prep.states, prep.summary, source, self.source_options(source)),
             }
 
-        return self._insights.get((pipeline, experiment, version), compute)
+        return self._insights.get((pipeline, experiment, version, self.source_key(source)), compute)
+
+    # -- the source the last plan recorded (core/store/source_ref.py) ---------------------------------
+
+    def source_of(self, event_log: CheckpointLog) -> SourceRef | None:
+        """The source the experiment's last plan recorded; None without one (or when its record is unreadable)."""
+        try:
+            return recorded_source(event_log.uri, event_log.storage_options)
+        except DatagenError as exc:
+            logger.warning("%s: the plan's source record cannot be read: %s", event_log.uri, exc)
+            return None
+
+    @staticmethod
+    def source_key(source: SourceRef | None) -> tuple[Any, ...] | None:
+        """A cache key part: the record, and a stamp of a local source (an edit in place is seen)."""
+        return None if source is None else (*source.token, source_stamp(source.uri))
+
+    def source_options(self, source: SourceRef | None) -> dict[str, str] | None:
+        """Storage options to read ``source`` with: those of the connection the plan used.
+
+        A snapshot sits beside the log (the UI's own options); a path source is read as the mapped
+        tasks read it, with the plan's connection, resolved here by its id (the record holds no
+        secret); the UI's own connection when it is that one or cannot be resolved.
+        """
+        if source is None or source.kind == INLINE or not source.conn_id or source.conn_id == self.conn_id:
+            return self.storage_options or None
+        try:
+            return DatagenHook(datagen_conn_id=source.conn_id).storage_options or None
+        except Exception as exc:  # a connection gone or broken: the read then reports what fails
+            logger.warning("connection %r of the recorded source cannot be resolved: %s", source.conn_id, exc)
+            return self.storage_options or None
 
     def status(self, pipeline: str, experiment: str) -> dict[str, Any]:
         """The experiment's folded status: summary counts, counts of every item, log stats, failures."""
@@ -358,10 +392,11 @@ class Reader:
         if not isinstance(item_id, str) or not item_id or "\x00" in item_id:
             raise NotFoundError(f"no item {item_id!r} in {pipeline}/{experiment}: give a non-empty item id")
         event_log, version = self.open(pipeline, experiment)
+        source = self.source_of(event_log)
         return self._items.get(
-            (pipeline, experiment, version, item_id),
+            (pipeline, experiment, version, item_id, self.source_key(source)),
             lambda: {
-                **item_data(event_log, version, item_id),
+                **item_data(event_log, version, item_id, source, self.source_options(source)),
                 "usage": item_usage_of(event_log, item_id),
             },
         )
@@ -448,7 +483,7 @@ def current_reader() -> Reader:
     key = (root, json.dumps(options, sort_keys=True))
     with _reader_lock:
         if _reader_state["key"] != key or _reader_state["reader"] is None:
-            _reader_state["reader"] = Reader(root, options)
+            _reader_state["reader"] = Reader(root, options, conn_id=conn_id())
             _reader_state["key"] = key
         _reader_state["resolved_at"] = now
         return _reader_state["reader"]

@@ -8,14 +8,17 @@ Each is a plain JSON-able dict built from one log version (the app caches them w
 * :func:`throughput`: items completed and failed attempts per minute, from the ``created_at`` of the
   TERMINAL and FAILED rows (the time each row was written), with the geometry of a small inline SVG
   chart (no script, nothing fetched).
-* :func:`next_run`: what a rerun would touch now, in the planner's terms. The log does not record
-  the source a plan reads, so only what the log alone knows is counted (replay, failed, the
-  never-started items it holds, and the running items per processor version, which a rerun at
-  another version demotes); new (fresh) and edited items are known only to the plan task.
+* :func:`next_run`: what a rerun would touch now, in the planner's terms. A plan task records the
+  source it read beside the log (``core/store/source_ref.py``); the panel classifies that source
+  against the fold with the planner's own functions (fresh, replay, failed, edited, demoted, skip).
+  Without a record (an older log, ``run_items`` outside a plan) or when the source cannot be read,
+  it says so and counts what the log alone knows (replay, failed, the never-started items it holds,
+  and the running items per processor version, which a rerun at another version demotes).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core import EventType, ItemStatus
+from airflow_provider_datagen.core.rerun import rerun_counts
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core import CheckpointLog
+    from airflow_provider_datagen.core.store.source_ref import SourceRef
+
+logger = logging.getLogger(__name__)
 
 #: Bars of the throughput chart at most; a longer run gets wider buckets (rates stay per minute).
 MAX_BUCKETS = 120
@@ -149,8 +156,18 @@ def _chart(buckets: list[dict[str, Any]]) -> dict[str, Any]:
     return {"width": CHART_WIDTH, "height": CHART_HEIGHT, "peak": peak, "bars": bars}
 
 
-def next_run(states: pa.Table, summary: dict[str, Any]) -> dict[str, Any]:
-    """What a rerun would touch now, counted over source items from the log alone."""
+def next_run(
+    states: pa.Table,
+    summary: dict[str, Any],
+    source: SourceRef | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """What a rerun would touch now: the recorded source classified against ``states``, and the log-only view.
+
+    ``classes`` holds the planner's counts over the source the last plan recorded (None without a
+    record, or when the source cannot be read: ``unreachable`` then says why); the other counts are
+    what the log alone knows, over the source items it holds.
+    """
     failed = int(summary.get("failed_items") or 0)
     running = int(summary.get("running") or 0)
     by_version: dict[str, int] = {}
@@ -161,11 +178,25 @@ def next_run(states: pa.Table, summary: dict[str, Any]) -> dict[str, Any]:
             for entry in pc.value_counts(inbox["processor_version"]).to_pylist():
                 version = entry["values"]
                 by_version["(none)" if version is None else str(version)] = int(entry["counts"])
-    return {
+    out: dict[str, Any] = {
         "replay": running - failed,
         "failed": failed,
         "never_started": int(summary.get("never_started") or 0),
         "done": int(summary.get("completed") or 0) + int(summary.get("filtered") or 0),
         "running_by_version": dict(sorted(by_version.items())),
-        "source_known": False,
+        "source_known": source is not None,
+        "source": None if source is None else source.as_dict(),
+        "classes": None,
+        "unreachable": None,
     }
+    if source is None:
+        return out
+    try:
+        counts = rerun_counts(source, states, int(summary.get("log_version") or 0), storage_options)
+    except Exception as exc:  # any reason a source cannot be read (gone, no credentials, changed schema)
+        # the page must still show; the reason goes to the panel and the API server's log
+        logger.warning("next-run panel: the recorded source %s cannot be read: %s", source.uri, exc)
+        out["unreachable"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return out
+    out["classes"] = counts.as_dict()
+    return out

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core import BlobRef, EventType, ItemStatus, fold_events
 from airflow_provider_datagen.core.events import decode_source_json, fingerprint_of
 from airflow_provider_datagen.core.fold import failure_records
 from airflow_provider_datagen.core.ids import parent_of, root_of
+from airflow_provider_datagen.core.rerun import source_input
 from airflow_provider_datagen.core.schema import STORED_STATUS_TRANSIENT
 from airflow_provider_datagen.core.store.snapshots import snapshot_texts
+from airflow_provider_datagen.core.store.source_ref import PATH
 from airflow_provider_datagen.exceptions import NotFoundError
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core import CheckpointLog, Event, FailureRecord
+    from airflow_provider_datagen.core.store.source_ref import SourceRef
+
+logger = logging.getLogger(__name__)
 
 #: Fan-out children listed on an item's page; the rest is counted.
 MAX_CHILDREN = 500
@@ -169,26 +175,63 @@ def _children(item_id: str, subtree: list[Event]) -> tuple[list[dict[str, Any]],
     return children, len(by_child)
 
 
-def item_input(event_log: CheckpointLog, item_id: str, fingerprint: str | None) -> dict[str, Any]:
-    """The item's input as generated: the snapshot row whose fingerprint is the item's, if one is stored.
+def item_input(
+    event_log: CheckpointLog,
+    item_id: str,
+    fingerprint: str | None,
+    source: SourceRef | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The item's input as generated: a stored or recorded source row whose fingerprint is the item's.
 
-    The log keeps only input fingerprints (as ``export_results(include_input=True)`` says); a plan over
-    an inline source stores that source beside the log, which is where this reads it back from. A
-    row is shown only if it digests to the item's current fingerprint, so an edited source never
-    passes for the input the fields were generated from.
+    The log keeps only input fingerprints (as ``export_results(include_input=True)`` says). A plan over
+    an inline source stores that source beside the log; a plan over a path source records the path
+    (``core/store/source_ref.py``), and the one row is read back from there by its key. A row is shown
+    only if it digests to the item's current fingerprint, so an edited source never passes for the
+    input the fields were generated from; ``message`` says why nothing is shown when a source was
+    recorded (the item is gone from it, its row changed, or the source cannot be read).
     """
-    if fingerprint is not None and parent_of(item_id) is None:
-        for text in snapshot_texts(event_log.uri, item_id, event_log.storage_options):
-            data = decode_source_json(text)
-            if fingerprint_of(data) == fingerprint:
-                # JSON-able for the API twin (a tagged source may hold datetimes, Decimals, bytes)
-                value = json.loads(json.dumps(data, default=str))
-                return {"found": True, "value": value, "from": "source snapshot"}
-    return {"found": False, "value": None, "from": None}
+    none: dict[str, Any] = {"found": False, "value": None, "from": None, "message": None}
+    if fingerprint is None or parent_of(item_id) is not None:
+        return none
+    for text in snapshot_texts(event_log.uri, item_id, event_log.storage_options, source):
+        data = decode_source_json(text)
+        if fingerprint_of(data) == fingerprint:
+            return {"found": True, "value": _jsonable(data), "from": "source snapshot", "message": None}
+    if source is None or source.kind != PATH:
+        return none
+    try:
+        got = source_input(source, item_id, fingerprint, storage_options)
+    except Exception as exc:  # gone, no credentials, a changed schema: the page still shows
+        logger.warning("item page: the recorded source %s cannot be read: %s", source.uri, exc)
+        return {
+            **none,
+            "message": f"the source {source.uri} cannot be read now ({type(exc).__name__}: {str(exc)[:300]})",
+        }
+    if got["found"]:
+        return {"found": True, "value": _jsonable(got["value"]), "from": f"source {source.uri}", "message": None}
+    if got["problem"] == "gone":
+        return {**none, "message": f"the source {source.uri} no longer holds this item (its key is gone)"}
+    return {
+        **none,
+        "message": f"the item's row in {source.uri} has changed since (it now digests to {got['fingerprint']}): "
+        "a rerun regenerates it",
+    }
 
 
-def item_data(event_log: CheckpointLog, version: int, item_id: str) -> dict[str, Any]:
-    """Everything the item page shows, from one read of the item's root subtree."""
+def _jsonable(data: Any) -> Any:
+    # JSON-able for the API twin (a tagged source may hold datetimes, Decimals, bytes)
+    return json.loads(json.dumps(data, default=str))
+
+
+def item_data(
+    event_log: CheckpointLog,
+    version: int,
+    item_id: str,
+    source: SourceRef | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Everything the item page shows, from one read of the item's root subtree (and the item's source row)."""
     pipeline, experiment = event_log.pipeline, event_log.experiment
     subtree = event_log.subtree(root_of(item_id))
     mine = [ev for ev in subtree if ev.item_id == item_id]
@@ -251,7 +294,7 @@ def item_data(event_log: CheckpointLog, version: int, item_id: str) -> dict[str,
             "failures": state.failures,
             "violations": len(state.violations),
         },
-        "input": item_input(event_log, item_id, state.input_fingerprint),
+        "input": item_input(event_log, item_id, state.input_fingerprint, source, storage_options),
         "fields": {name: field_value(value) for name, value in state.fields.items()},
         "failures": [
             {**failure_dict(r, with_traceback=True), "resolved": state.status.value in RESOLVED_STATUSES}

@@ -5,9 +5,10 @@ items fail on their first attempt, so the run fails; the failed ``generate`` map
 cleared over REST and the run then succeeds. Between and after those runs Debian's ``chromium``
 (driven by Playwright, no browser download) signs in through SimpleAuthManager's login form, opens
 the "Datagen" nav entry (the plugin's index in an iframe), the experiment page (with its spend,
-throughput and next-run panels), the "Datagen" tab of ``generate [0]`` and an item page (its input
-beside its output, its usage), and the test asserts the counts and item ids the pages show. A fresh
-browser context without the session cookie is refused by the plugin's routes (401).
+throughput and next-run panels; the next-run panel's classes after the failed run and after the
+rerun), the "Datagen" tab of ``generate [0]`` and an item page (its input beside its output, its
+usage), and the test asserts the counts and item ids the pages show. A fresh browser context without
+the session cookie is refused by the plugin's routes (401).
 
 Screenshots of every step go to the test's ``tmp_path``, or to ``$DATAGEN_SCREENSHOTS`` when set
 (pytest prunes old tmp dirs); their paths are printed (``pytest -s``).
@@ -243,6 +244,16 @@ def cards(frame: FrameLocator) -> dict[str, int]:
     return out
 
 
+#: The next-run panel's rows (the planner's classes) when a rerun would do nothing.
+NO_RERUN = {"fresh": 0, "replay": 0, "failed": 0, "edited": 0, "demoted": 0, "skip": 0}
+
+
+def next_run_counts(frame: FrameLocator) -> dict[str, int]:
+    """The next-run panel as {class: source items} (each row reads "<class>: what a rerun does")."""
+    rows = table_rows(frame.locator("h2#next-run + table"))
+    return {r["What a rerun does"].split(":")[0]: int(r["Source items"].replace(",", "")) for r in rows}
+
+
 def test_nav_view_experiment_page_and_task_instance_tab(
     airflow_stack: AirflowClient, browser: Browser, tmp_path: Path
 ) -> None:
@@ -286,13 +297,24 @@ def test_nav_view_experiment_page_and_task_instance_tab(
         f"{100.0 * (N_ITEMS - len(flaky)) / N_ITEMS:.1f}%",
     ), row
 
+    # The experiment page's next-run panel: the planner's classification of the source the plan task
+    # recorded (the DAG's inline list): the flaky items would be retried, the rest skipped.
+    frame.get_by_role("link", name=EXPERIMENT, exact=True).click()
+    frame.locator("h1", has_text=f"{PIPELINE} / {EXPERIMENT}").wait_for()
+    assert next_run_counts(frame) == {**NO_RERUN, "failed": len(flaky), "skip": N_ITEMS - len(flaky)}
+    assert "The planner's classification of the 40 items of the source the last plan read" in (
+        frame.locator("#next-run-source").inner_text()
+    )
+    shots.element(frame.locator("h2#next-run + table"), "panel-next-run-after-failed-run")
+
     # -- clear the failed map indexes: only the flaky items run again, the run succeeds ---------------
     cleared = client.clear(DAG_ID, run_id, [("generate", i) for i in failed], include_downstream=True)
     assert {(t["task_id"], t["map_index"]) for t in cleared} >= {("generate", i) for i in failed}
     assert client.wait_run(DAG_ID, run_id, timeout=180) == "success"
 
-    # The nav view again, reloaded: everything completed, nothing failed now.
-    page.reload()
+    # The nav view again, loaded afresh (the iframe is on the experiment page, deep-linked in the
+    # UI's URL): everything completed, nothing failed now.
+    page.goto(client.base_url + "/plugin/datagen")
     frame = page.frame_locator(IFRAME)
     frame.locator("h1", has_text="Datagen experiments").wait_for()
     row = experiment_row(frame)
@@ -336,8 +358,7 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     # the first attempts' failures are on the chart too
     assert chart.locator("rect.failed").count() >= 1
     shots.element(chart, "panel-throughput-chart")
-    next_run = table_rows(frame.locator("h2#next-run + table"))
-    assert [r["Source items"] for r in next_run] == ["0", "0", "0", str(N_ITEMS)], next_run
+    assert next_run_counts(frame) == {**NO_RERUN, "skip": N_ITEMS}
     shots.element(frame.locator("h2#next-run + table"), "panel-next-run")
     spend.scroll_into_view_if_needed()
     shots.take(page, "experiment-page-panels")

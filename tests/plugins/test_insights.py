@@ -181,7 +181,8 @@ def test_next_run_counts_what_the_log_knows(client: TestClient, timed_log: Check
     # as started; only the plan knows the source items the log has never seen (fresh)
     assert rows == {"replay": "2", "failed": "1", "fresh": "0", "skip": "4"}
     assert "Started items by processor version: <b>v0</b> 2 · <b>v1</b> 1." in page
-    assert "the log does not record the source a plan reads" in page
+    # plan_chunks alone (not the plan task) records no source: the panel says so
+    assert "No plan recorded the source it read" in page
     nr = client.get(f"/datagen/api/experiments/{P}/timed").json()["next_run"]
     assert nr == {
         "replay": 2,
@@ -190,6 +191,9 @@ def test_next_run_counts_what_the_log_knows(client: TestClient, timed_log: Check
         "done": 4,
         "running_by_version": {"v0": 2, "v1": 1},
         "source_known": False,
+        "source": None,
+        "classes": None,
+        "unreachable": None,
     }
 
 
@@ -248,7 +252,12 @@ def test_item_page_input_beside_output_and_usage_per_attempt(
     ]
     assert "s-failed'>failed</span>" in usage and "s-completed'>completed</span>" in usage
     api = client.get(f"/datagen/api/experiments/{P}/timed/item?id=k3").json()
-    assert api["input"] == {"found": True, "value": {"id": "k3", "text": "text 3"}, "from": "source snapshot"}
+    assert api["input"] == {
+        "found": True,
+        "value": {"id": "k3", "text": "text 3"},
+        "from": "source snapshot",
+        "message": None,
+    }
     assert api["usage"]["attempts"] == ATTEMPTS
 
 

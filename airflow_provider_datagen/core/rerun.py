@@ -1,0 +1,349 @@
+"""What a rerun would touch now, and one item's input: both read from the source a plan recorded.
+
+A plan records the source it read beside the log (:mod:`.store.source_ref`). These functions read
+that source again and ask the planner's own functions what it makes of it against the folded log:
+:func:`~.planner.classify` for an inline source (its snapshot), and for a path source the streamed
+plan's steps (:func:`~.source_scan.scan_source`, :func:`~.planner.match_states`,
+:func:`~.planner.classes`), so memory is the source's ids and fingerprints, never its rows.
+
+:func:`record_plan_source` records what a plan task read; :func:`rerun_counts` classifies;
+:func:`source_item` finds one item's row by its key (a filtered scan of the key column for Lance and
+Parquet, a streamed scan that stops at the match for JSONL).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from airflow_provider_datagen.core.events import decode_source_json
+from airflow_provider_datagen.core.ids import key_of, root_item_id
+from airflow_provider_datagen.core.planner import (
+    CLS_DEMOTED,
+    CLS_FRESH,
+    CLS_INVALIDATED,
+    CLS_REPLAY,
+    CLS_SKIP,
+    classes,
+    classify,
+    match_states,
+)
+from airflow_provider_datagen.core.source_scan import JSONL, LANCE, PARQUET, scan_source, source_format
+from airflow_provider_datagen.core.sources import load_source, prepare_items, source_path
+from airflow_provider_datagen.core.store.lance_io import read_lance_table
+from airflow_provider_datagen.core.store.source_ref import (
+    INLINE,
+    PATH,
+    SourceRef,
+    lance_rows_by_key,
+    open_lance_source,
+    record_source,
+    strip_credentials,
+)
+from airflow_provider_datagen.exceptions import InvalidItemError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from airflow_provider_datagen.core.chunks import PlannedChunks
+    from airflow_provider_datagen.core.store.log import CheckpointLog
+
+SNAPSHOT = "snapshot"
+#: Key characters every JSON writer leaves as they are.
+_UNESCAPED = re.compile(r"[A-Za-z0-9 _.:@-]+")
+
+
+@dataclass
+class RerunCounts:
+    """Source items by what a rerun would do with them: the planner's classes, disjoint.
+
+    The planner's replay class is split in two, as the log-only view counts it: ``replay`` (started,
+    not failed) and ``failed`` (started, an attempt of the current generation failed).
+    """
+
+    fresh: int = 0
+    replay: int = 0
+    failed: int = 0
+    edited: int = 0  # the planner's "invalidated": the input changed since it was recorded
+    demoted: int = 0
+    skip: int = 0
+    #: skipped items done under another processor version, per version (kept with redo_completed="never")
+    kept_other_version: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.fresh + self.replay + self.failed + self.edited + self.demoted + self.skip
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fresh": self.fresh,
+            "replay": self.replay,
+            "failed": self.failed,
+            "edited": self.edited,
+            "demoted": self.demoted,
+            "skip": self.skip,
+            "total": self.total,
+            "kept_other_version": dict(sorted(self.kept_other_version.items())),
+        }
+
+
+def plan_source_ref(
+    log: CheckpointLog,
+    source: Any,
+    *,
+    key_field: str,
+    processor_version: str,
+    redo_completed: str,
+    log_version: int,
+    items: int,
+    snapshot: str | None = None,
+    conn_id: str | None = None,
+    storage_option_names: Sequence[str] = (),
+) -> SourceRef:
+    """The record of what a plan read. An inline source is snapshotted here unless ``snapshot`` names its snapshot.
+
+    (The plan writes the snapshot only when something is pending; the record needs it either way,
+    and the snapshot is content-addressed, so an existing one is not written again.)
+    """
+    if isinstance(source, (list, tuple)):
+        kind, fmt = INLINE, SNAPSHOT
+        uri = snapshot or log.write_source_snapshot(load_source(list(source), key_field))
+        redacted = False
+    else:
+        kind = PATH
+        path = source_path(source)
+        fmt = source_format(path)
+        uri, redacted = strip_credentials(path)
+    return SourceRef(
+        kind=kind,
+        uri=uri,
+        format=fmt,
+        key_field=key_field,
+        conn_id=conn_id,
+        storage_option_names=tuple(sorted(storage_option_names)),
+        uri_redacted=redacted,
+        log_version=int(log_version),
+        processor_version=processor_version,
+        redo_completed=redo_completed,
+        items=int(items),
+        recorded_at=dt.datetime.now(dt.UTC),
+    )
+
+
+def record_plan_source(
+    log: CheckpointLog,
+    source: Any,
+    planned: PlannedChunks,
+    *,
+    key_field: str,
+    processor_version: str,
+    redo_completed: str,
+    conn_id: str | None = None,
+    storage_option_names: Sequence[str] = (),
+) -> SourceRef:
+    """Record beside the log the source a plan read (``planned``: :func:`~.chunks.plan_chunks`); returns the record."""
+    first = planned.chunks[0] if planned.chunks else {}
+    ref = plan_source_ref(
+        log,
+        source,
+        key_field=key_field,
+        processor_version=processor_version,
+        redo_completed=redo_completed,
+        log_version=planned.plan.log_version,
+        items=planned.plan.total,
+        snapshot=str(first["source"]) if first.get("snapshot") else None,
+        conn_id=conn_id,
+        storage_option_names=storage_option_names,
+    )
+    record_source(log, ref)
+    return ref
+
+
+def _check_readable(ref: SourceRef) -> None:
+    if ref.uri_redacted:
+        raise InvalidItemError(
+            f"source {ref.uri!r} was given with credentials in its URI, which are not recorded; give the "
+            "credentials through the datagen connection's storage options instead"
+        )
+    if ref.kind == PATH:
+        source_path(ref.uri)  # a local path that is gone says so, in the reader's own words
+
+
+def rerun_counts(
+    ref: SourceRef,
+    states: pa.Table,
+    log_version: int,
+    storage_options: dict[str, str] | None = None,
+) -> RerunCounts:
+    """Classify the recorded source against ``states`` (the folded log) as a rerun of that plan would.
+
+    Raises what reading the source raises (a :class:`~airflow_provider_datagen.exceptions.DatagenError`,
+    an ``OSError``...) when the source is gone or unreadable; the caller says so.
+    """
+    _check_readable(ref)
+    if ref.kind == INLINE:
+        table = read_lance_table(ref.uri, storage_options)
+        source = prepare_items((decode_source_json(t) for t in table["item"].to_pylist()), ref.key_field)
+        del table
+        plan = classify(source, states, ref.processor_version, log_version, redo_completed=ref.redo_completed)
+        return RerunCounts(
+            fresh=len(plan.fresh),
+            replay=len(plan.replay) - len(plan.failed),
+            failed=len(plan.failed),
+            edited=len(plan.invalidated),
+            demoted=len(plan.demoted),
+            skip=plan.skipped,
+            kept_other_version=dict(plan.kept_other_version),
+        )
+    if ref.format == LANCE:
+        # opened here with the options first: scan_source reports a bad source by reading it again
+        # without them (for its error message), which on an object store asks elsewhere for a region
+        open_lance_source(ref.uri, storage_options)
+    scanned = scan_source(ref.uri, ref.key_field, storage_options)
+    n = len(scanned.ids)
+    if states.num_rows:
+        index = np.asarray(
+            pc.index_in(scanned.ids, value_set=states["item_id"]).fill_null(-1).to_numpy(zero_copy_only=False)
+        )
+    else:
+        index = np.full(n, -1, dtype=np.int64)
+    fps = scanned.fingerprints
+    match = match_states(n, lambda rows: fps.take(pa.array(rows)), states, index)
+    del index
+    cls, kept = classes(match, states, ref.processor_version, ref.redo_completed)
+    replay = np.flatnonzero(cls == CLS_REPLAY)
+    failed = 0
+    if len(replay) and states.num_rows:
+        failures = pc.take(states["failures"], pa.array(match.pick[replay])).fill_null(0)
+        failed = int(np.count_nonzero(failures.to_numpy(zero_copy_only=False)))
+    return RerunCounts(
+        fresh=int(np.count_nonzero(cls == CLS_FRESH)),
+        replay=len(replay) - failed,
+        failed=failed,
+        edited=int(np.count_nonzero(cls == CLS_INVALIDATED)),
+        demoted=int(np.count_nonzero(cls == CLS_DEMOTED)),
+        skip=int(np.count_nonzero(cls == CLS_SKIP)),
+        kept_other_version=dict(kept),
+    )
+
+
+# --- one item's input -----------------------------------------------------------------------------
+
+
+def source_item(ref: SourceRef, item_id: str, storage_options: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The row of a path source whose key is the root item ``item_id``'s key; None when there is none.
+
+    Reads bounded by the key, never the whole source into memory: Lance filters on the key column,
+    Parquet reads the key column a row group at a time and the matching row group only, JSONL streams
+    its lines (parsing only those that can hold the key) and stops at the match.
+    """
+    _check_readable(ref)
+    key = key_of(item_id)
+    if ref.format == LANCE:
+        rows = lance_rows_by_key(ref.uri, ref.key_field, key, storage_options)
+    elif ref.format == PARQUET:
+        rows = _parquet_rows(ref.uri, ref.key_field, key)
+    elif ref.format == JSONL:
+        rows = _jsonl_rows(ref.uri, ref.key_field, item_id, key)
+    else:
+        raise InvalidItemError(f"source {ref.uri!r}: the recorded format {ref.format!r} is not a path source's")
+    # an int key 5 and a string key "5" have one id: keep the rows whose key really is this item's
+    mine = [r for r in rows if isinstance(r, dict) and _id_of(r.get(ref.key_field)) == item_id]
+    return mine[0] if mine else None
+
+
+def _id_of(key: Any) -> str | None:
+    try:
+        return root_item_id(key)
+    except InvalidItemError:
+        return None
+
+
+def _open(uri: str) -> Any:
+    if "://" not in uri:
+        return open(uri, "rb")
+    fs, inner = pafs.FileSystem.from_uri(uri)
+    return fs.open_input_file(inner)
+
+
+def _parquet_rows(uri: str, key_field: str, key: str) -> list[dict[str, Any]]:
+    with _open(uri) as fh:
+        pf = pq.ParquetFile(fh)
+        kind = pf.schema_arrow.field(key_field).type  # KeyError when the column is gone
+        if pa.types.is_integer(kind):
+            try:
+                value: Any = int(key)
+            except ValueError:
+                return []
+        else:
+            value = key
+        for group in range(pf.metadata.num_row_groups):
+            keys = pf.read_row_group(group, columns=[key_field])[key_field]
+            hits = pc.indices_nonzero(pc.fill_null(pc.equal(keys, pa.scalar(value, kind)), False))
+            if len(hits):
+                return pf.read_row_group(group).take(hits).to_pylist()
+    return []
+
+
+def _jsonl_rows(uri: str, key_field: str, item_id: str, key: str) -> list[dict[str, Any]]:
+    # A line holds the key as JSON text; when no JSON writer escapes any of its characters (some write
+    # "/" as "\/", "<" as "\u003c", non-ASCII as "\uXXXX"), lines without it are skipped unparsed,
+    # which makes the scan about as fast as reading the file.
+    needle = key.encode() if _UNESCAPED.fullmatch(key) else None
+    for line in _lines(uri):
+        if needle is not None and needle not in line:
+            continue
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            try:  # what orjson refuses and json takes (NaN, wide ints), as the plan's reader does
+                row = json.loads(line.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError):
+                continue  # not this item's line: the plan validated them all, a bad one is not ours
+        if isinstance(row, dict) and _id_of(row.get(key_field)) == item_id:
+            return [row]
+    return []
+
+
+def _lines(uri: str) -> Iterator[bytes]:
+    with _open(uri) as fh:
+        if "://" not in uri:
+            yield from fh
+            return
+        buf = b""
+        while block := fh.read(1 << 20):
+            buf += block
+            *lines, buf = buf.split(b"\n")
+            yield from lines
+        if buf:
+            yield buf
+
+
+def source_input(
+    ref: SourceRef, item_id: str, fingerprint: str, storage_options: dict[str, str] | None
+) -> dict[str, Any]:
+    """One root item's input from the recorded path source, checked against its input fingerprint.
+
+    ``{"found": True, "value": row}`` when the source's row for the item digests to ``fingerprint``;
+    otherwise ``found`` is False and ``problem`` says why (the item is gone from the source, or its row
+    changed since the item's input was recorded).
+    """
+    row = source_item(ref, item_id, storage_options)
+    if row is None:
+        return {"found": False, "value": None, "problem": "gone"}
+    current = prepare_items([row], ref.key_field)[0].fingerprint
+    if current != fingerprint:
+        return {"found": False, "value": None, "problem": "changed", "fingerprint": current}
+    return {"found": True, "value": row, "problem": None}
