@@ -12,9 +12,11 @@ item's rows, so the plan, the status and the duplicate-key check are exactly the
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -150,11 +152,19 @@ def buckets_of(ids: pa.Array | pa.ChunkedArray, k: int) -> np.ndarray:
 
 
 class _Spill:
-    """One Arrow IPC stream file per bucket in a temporary directory; rows keep their order in each."""
+    """One Arrow IPC stream file per bucket in a temporary directory; rows keep their order in each.
+
+    A bucket's rows are held until there are :data:`_SPILL_ROWS` of them and then written as one
+    record batch: 64 buckets of one 64k-row scan batch are ~1k rows each, and a message per slice
+    cost more than the data. Compressed with LZ4: an item's events repeat its id and sit side by
+    side, so the light columns shrink ~3x for little CPU (and the spill is disk the plan borrows).
+    """
 
     def __init__(self, directory: str, name: str, k: int) -> None:
         self.paths = [os.path.join(directory, f"{name}-{b}.arrow") for b in range(k)]
         self.writers: list[pa.ipc.RecordBatchStreamWriter | None] = [None] * k
+        self.held: list[list[pa.RecordBatch]] = [[] for _ in range(k)]
+        self.held_rows = np.zeros(k, np.int64)
         self.schema: pa.Schema | None = None
 
     def add(self, batch: pa.RecordBatch, buckets: np.ndarray) -> None:
@@ -162,19 +172,33 @@ class _Spill:
             return
         if self.schema is None:
             self.schema = batch.schema
-        order = np.argsort(buckets, kind="stable")
         counts = np.bincount(buckets, minlength=len(self.paths))
-        grouped = batch.take(pa.array(order))
+        one = len(self.paths) == 1
+        grouped = batch if one else batch.take(pa.array(np.argsort(buckets, kind="stable")))
         at = 0
         for b in np.flatnonzero(counts).tolist():
-            writer = self.writers[b]
-            if writer is None:
-                writer = self.writers[b] = pa.ipc.new_stream(self.paths[b], batch.schema)
-            writer.write_batch(grouped.slice(at, int(counts[b])))
+            self.held[b].append(grouped.slice(at, int(counts[b])))
+            self.held_rows[b] += int(counts[b])
             at += int(counts[b])
+            if self.held_rows[b] >= _SPILL_ROWS:
+                self._flush(b)
+
+    def _flush(self, b: int) -> None:
+        held = self.held[b]
+        if not held:
+            return
+        writer = self.writers[b]
+        if writer is None:
+            assert self.schema is not None
+            writer = self.writers[b] = pa.ipc.new_stream(self.paths[b], self.schema, options=_SPILL_OPTIONS)
+        writer.write_batch(held[0] if len(held) == 1 else pa.concat_batches(held))
+        self.held[b] = []
+        self.held_rows[b] = 0
 
     def close(self) -> None:
-        for writer in self.writers:
+        for b in range(len(self.writers)):
+            self._flush(b)
+            writer = self.writers[b]
             if writer is not None:
                 writer.close()
 
@@ -188,12 +212,15 @@ class _Spill:
         return table
 
 
+#: Rows a bucket holds before they are written (see :class:`_Spill`).
+_SPILL_ROWS = 1 << 15
+_SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+
+
 _SOURCE_SCHEMA = pa.schema([("id", pa.string()), ("fp", pa.string()), ("pos", pa.int64()), ("off", pa.int64())])
 
 
-def _spill_source(
-    spill: _Spill, path: str, key_field: str, batches: Iterable[ScannedBatch], k: int
-) -> tuple[int, bool]:
+def _spill_source(spill: _Spill, batches: Iterable[ScannedBatch], k: int) -> tuple[int, bool]:
     """Write each source row's id, fingerprint, position (and JSONL offset) to its bucket; rows and JSONL-ness."""
     at = 0
     jsonl = False
@@ -240,46 +267,62 @@ def plan_partitioned(
     *,
     source_rows: int,
 ) -> PathPlan:
-    """The plan of a path source scanned as ``batches`` (see the module); ``source_rows`` sizes the buckets."""
+    """The plan of a path source scanned as ``batches`` (see the module); ``source_rows`` sizes the buckets.
+
+    The log's pass runs on a worker thread while this one fingerprints the source (Python, holding
+    the GIL; Lance's decoding, Arrow's gathers and the IPC writes release it), and each bucket is
+    read (and folded) there while the one before is classified here.
+    """
     streams = log.fold_streams()
     k = bucket_count(source_rows, 0 if streams is None else streams.event_count)
-    with tempfile.TemporaryDirectory(prefix="datagen-plan-") as tmp:
-        source = _Spill(tmp, "source", k)
-        n, jsonl = _spill_source(source, path, key_field, batches, k)
-        states, folded = _spill_states(tmp, streams, k)
+    stop = threading.Event()
+    with (
+        tempfile.TemporaryDirectory(prefix="datagen-plan-") as tmp,
+        concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="datagen-plan") as pool,
+    ):
+        states_pass = pool.submit(_spill_states, tmp, streams, k, stop)
+        try:
+            source = _Spill(tmp, "source", k)
+            n, jsonl = _spill_source(source, batches, k)
+        except BaseException:
+            stop.set()  # the log's pass ends at its next batch, before the directory goes
+            raise
+        states, folded = states_pass.result()
         store = None if streams is None else streams.store
         stored = _Spill(tmp, "fold", 1) if store is not None else None
         acc = _Collected()
-        for b in range(k):
+
+        def bucket(b: int) -> tuple[pa.Table, pa.Table]:
+            table = states.read(b)
+            if table is None:
+                table = STATE_SCHEMA.empty_table()
+            elif folded:
+                table = fold_table(table)
             mine = source.read(b, _SOURCE_SCHEMA)
             assert mine is not None
-            check_unique(path, key_field, mine.column("id").chunk(0) if mine.num_rows else pa.array([], pa.string()))
-            table = states.read(b)
-            if folded:
-                table = fold_table(table) if table is not None else STATE_SCHEMA.empty_table()
-            elif table is None:
-                table = STATE_SCHEMA.empty_table()
+            return mine, table
+
+        ahead = pool.submit(bucket, 0)
+        for b in range(k):
+            mine, table = ahead.result()
+            if b + 1 < k:
+                ahead = pool.submit(bucket, b + 1)
+            ids = mine.column("id")
+            check_unique(path, key_field, ids.chunk(0) if ids.num_chunks else pa.array([], pa.string()))
             if stored is not None and table.num_rows:
                 for part in table.to_batches():
                     stored.add(part, np.zeros(part.num_rows, np.int64))
             _classify_bucket(acc, mine, table, processor_version, redo_completed, jsonl, log)
-            del mine, table
+            del mine, table, ids
         if stored is not None and store is not None:
             stored.close()
-            reader = _reader(stored)
-            if reader is not None:
-                store(reader)
+            if stored.writers[0] is not None:
+                with pa.OSFile(stored.paths[0]) as fh:
+                    store(pa.ipc.open_stream(fh))
     return _assemble(log, acc, n, jsonl)
 
 
-def _reader(spill: _Spill) -> pa.RecordBatchReader | None:
-    if spill.writers[0] is None or spill.schema is None:
-        return None
-    fh = pa.OSFile(spill.paths[0])
-    return pa.ipc.open_stream(fh)
-
-
-def _spill_states(tmp: str, streams: FoldStreams | None, k: int) -> tuple[_Spill, bool]:
+def _spill_states(tmp: str, streams: FoldStreams | None, k: int, stop: threading.Event) -> tuple[_Spill, bool]:
     """Every item's stored state (or, without them, every event) in its bucket; and whether they are events."""
     spill = _Spill(tmp, "states", k)
     if streams is None:
@@ -288,6 +331,8 @@ def _spill_states(tmp: str, streams: FoldStreams | None, k: int) -> tuple[_Spill
     if streams.states is not None:
         try:
             for batch in streams.states:
+                if stop.is_set():
+                    break
                 spill.add(batch, buckets_of(batch.column("item_id"), k))
             spill.close()
             return spill, False
@@ -295,6 +340,8 @@ def _spill_states(tmp: str, streams: FoldStreams | None, k: int) -> tuple[_Spill
             spill.close()
             spill = _Spill(tmp, "events", k)
     for batch in streams.events():
+        if stop.is_set():
+            break
         batch = batch.drop_columns(["schema_version"])  # checked by the scan; the fold does not read it
         spill.add(batch, buckets_of(batch.column("item_id"), k))
     spill.close()
