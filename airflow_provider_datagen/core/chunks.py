@@ -7,6 +7,7 @@ mapped worker reads exactly the items that were planned.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_datagen.core import partitioned_plan
 from airflow_provider_datagen.core.events import decode_source_json
 from airflow_provider_datagen.core.ids import key_of, root_item_id
 from airflow_provider_datagen.core.planner import (
@@ -28,7 +30,6 @@ from airflow_provider_datagen.core.planner import (
     PENDING_ORDER,
     REDO_NEVER,
     ResumePlan,
-    StateMatch,
     _ints,
     check_redo_completed,
     classes,
@@ -36,10 +37,15 @@ from airflow_provider_datagen.core.planner import (
     match_states,
     status_of,
 )
-from airflow_provider_datagen.core.schema import ItemStatus
-from airflow_provider_datagen.core.source_scan import items_at, row_ranges, scan_source
+from airflow_provider_datagen.core.source_scan import (
+    ScannedSource,
+    gather,
+    items_at,
+    row_count,
+    row_ranges,
+    scan_batches,
+)
 from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source, source_path
-from airflow_provider_datagen.core.status import version_counts
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
 
@@ -152,11 +158,41 @@ def _plan_path_chunks(
 
     The source is read a batch at a time (see :mod:`.source_scan`); the plan lists the pending ids
     (a chunk's ids, and which rows hold them, are all a mapped task needs) but not the skipped ones,
-    which it counts: at 10M items those lists alone would be most of a GiB.
+    which it counts: at 10M items those lists alone would be most of a GiB. Past
+    ``partitioned_plan.PARTITION_ROWS`` rows it is planned a bucket of items at a time
+    (:mod:`.partitioned_plan`), so its memory does not grow with the source or the log.
     """
     path = source_path(source)  # the checks (absolute, existing, a known format) read_source makes
     ref = path if "://" in path else os.path.abspath(path)
-    scanned = scan_source(ref, key_field)
+    batches = scan_batches(ref, key_field)
+    head, more = partitioned_plan.take_head(batches, partitioned_plan.PARTITION_ROWS)
+    if more:
+        rows = row_count(ref, head)
+        planned = partitioned_plan.plan_partitioned(
+            log, ref, key_field, itertools.chain(head, batches), processor_version, redo_completed, source_rows=rows
+        )
+    else:
+        planned = _plan_in_memory(log, gather(ref, key_field, head), processor_version, redo_completed)
+    del head
+    pending_pos, offsets, plan = planned.pending_pos, planned.pending_offsets, planned.plan
+    size = _size(len(pending_pos), chunk_size, max_chunks)
+    pending = plan.pending
+    chunks = []
+    for index, start in enumerate(range(0, len(pending_pos), size)):
+        chunk = _descriptor(
+            log, processor_version, redo_completed, ref, False, key_field, pending[start : start + size], index, plan
+        )
+        chunk["rows"] = row_ranges(
+            pending_pos[start : start + size], None if offsets is None else offsets[start : start + size]
+        )
+        chunks.append(chunk)
+    return PlannedChunks(plan, chunks, size, planned.status)
+
+
+def _plan_in_memory(
+    log: CheckpointLog, scanned: ScannedSource, processor_version: str, redo_completed: str
+) -> partitioned_plan.PathPlan:
+    """The plan of a scanned source against the whole state table (a source of a few million items at most)."""
     n = len(scanned.ids)
     states, rows_in_states = log.states_for(scanned.ids)
     log.refresh_projection()
@@ -181,45 +217,10 @@ def _plan_path_chunks(
         seqs = pc.take(states["last_seq"], pa.array(match.pick[pending_pos[found]])).to_pylist()
         pending_ids = plan.pending
         plan.last_seq = {pending_ids[i]: s for i, s in zip(found.tolist(), seqs)}
-    status = _status(log, states, match, n)
-    size = _size(len(pending_pos), chunk_size, max_chunks)
-    pending = plan.pending
-    chunks = []
-    for index, start in enumerate(range(0, len(pending_pos), size)):
-        chunk = _descriptor(
-            log, processor_version, redo_completed, ref, False, key_field, pending[start : start + size], index, plan
-        )
-        chunk["rows"] = row_ranges(pending_pos[start : start + size], scanned.offsets)
-        chunks.append(chunk)
-    return PlannedChunks(plan, chunks, size, status)
-
-
-def _status(log: CheckpointLog, states: pa.Table, match: StateMatch, n: int) -> dict[str, Any]:
-    """What :func:`status_of` gives for this source, from the plan's own match (no second pass)."""
-    summary = log.summary(states)
-    cls, _ = classes(match, states, None)  # status_of's view: no version demotes anything
-    done = np.flatnonzero(cls == CLS_SKIP)
-    completed = filtered = 0
-    by_version: dict[str, int] = {}
-    if len(done):
-        picked = pa.array(match.pick[done])
-        st = pc.take(states["status"], picked)
-        is_completed = pc.equal(st, ItemStatus.COMPLETED.value)
-        completed = int(pc.sum(is_completed).as_py() or 0)
-        filtered = int(pc.sum(pc.equal(st, ItemStatus.FILTERED.value)).as_py() or 0)
-        versions = pc.filter(pc.take(states["processor_version"], picked), is_completed)
-        by_version = version_counts(versions)
-    summary.update(
-        total=n,
-        completed=completed,
-        completed_by_version=dict(sorted(by_version.items())),
-        filtered=filtered,
-        running=int(np.count_nonzero(cls == CLS_REPLAY) + np.count_nonzero(cls == CLS_DEMOTED)),
-        never_started=int(np.count_nonzero(cls == CLS_FRESH)),
-        invalidated=int(np.count_nonzero(cls == CLS_INVALIDATED)),
-        pending=int(np.count_nonzero(cls != CLS_SKIP)),
-    )
-    return summary
+    status = log.summary(states)
+    status.update(partitioned_plan.status_counts(states, match))
+    offsets = None if scanned.offsets is None else scanned.offsets[pending_pos]
+    return partitioned_plan.PathPlan(plan, status, pending_pos, offsets)
 
 
 def _prepare_chunk_rows(rows: list[Any], key_field: str, ids: list[Any]) -> list[SourceItem]:

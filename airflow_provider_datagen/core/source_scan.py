@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -21,11 +21,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, load_source, prepare_items
-from airflow_provider_datagen.core.store.lance_io import lance_source_batches, lance_source_rows
+from airflow_provider_datagen.core.store.lance_io import lance_source_batches, lance_source_count, lance_source_rows
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
 #: Rows per batch: ~10 MB of 100-byte rows as dicts at a time.
 SCAN_BATCH = 1 << 16
@@ -54,42 +54,96 @@ class ScannedSource:
     offsets: np.ndarray | None  # JSONL only
 
 
-def scan_source(path: str, key_field: str, storage_options: dict[str, str] | None = None) -> ScannedSource:
+class ScannedBatch(NamedTuple):
+    """One batch of a scan: its items' ids and input fingerprints (and JSONL byte offsets)."""
+
+    ids: pa.Array
+    fingerprints: pa.Array
+    offsets: np.ndarray | None  # JSONL only
+
+
+def scan_batches(path: str, key_field: str, storage_options: dict[str, str] | None = None) -> Iterator[ScannedBatch]:
     """Validate and fingerprint a path source a batch at a time; errors are exactly ``load_source``'s.
 
-    On any bad row (or a key repeated across batches) the whole source is validated again by
-    :func:`load_source`, so the error, and the item it names, are the ones the unstreamed read gives.
+    On any bad row the whole source is validated again by :func:`load_source`, so the error, and
+    the item it names, are the ones the unstreamed read gives. Keys are unique within each batch
+    only: the caller checks the whole source (:func:`has_duplicates`).
     """
-    ids: list[pa.Array] = []
-    fps: list[pa.Array] = []
-    offsets: list[np.ndarray] = []
-    try:
-        for rows, offs, plain in _batches(path, storage_options):
+    batches = _batches(path, storage_options)
+    while True:
+        try:
+            got = next(batches, None)
+            if got is None:
+                return
+            rows, offs, plain = got
             fast = fingerprint_rows(rows, key_field, plain=plain)
             if fast is None:
                 items = prepare_items(rows, key_field)
                 fast = [s.item_id for s in items], [s.fingerprint for s in items]
                 del items
-            ids.append(pa.array(fast[0], pa.string()))
-            fps.append(pa.array(fast[1], pa.string()))
-            if offs is not None:
-                offsets.append(offs)
-            del rows, fast
-    except InvalidItemError:
-        load_source(path, key_field)  # raises the error naming the item by its place in the whole source
-        raise
+            del rows
+            scanned = ScannedBatch(pa.array(fast[0], pa.string()), pa.array(fast[1], pa.string()), offs)
+            del fast
+        except InvalidItemError:
+            load_source(path, key_field)  # raises the error naming the item by its place in the whole source
+            raise
+        yield scanned
+
+
+def scan_source(path: str, key_field: str, storage_options: dict[str, str] | None = None) -> ScannedSource:
+    """Every item's id and fingerprint (see :func:`scan_batches`), keys checked unique over the whole source."""
+    return gather(path, key_field, scan_batches(path, key_field, storage_options))
+
+
+def gather(path: str, key_field: str, batches: Iterable[ScannedBatch]) -> ScannedSource:
+    """The batches of a scan as one :class:`ScannedSource`; a key repeated in two raises ``load_source``'s error."""
+    ids: list[pa.Array] = []
+    fps: list[pa.Array] = []
+    offsets: list[np.ndarray] = []
+    for batch in batches:
+        ids.append(batch.ids)
+        fps.append(batch.fingerprints)
+        if batch.offsets is not None:
+            offsets.append(batch.offsets)
     all_ids = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
     del ids
     # the batches' decoded buffers stay with the allocator otherwise (~90 MB at 1M rows), under the fold
     pa.default_memory_pool().release_unused()
-    if _has_duplicates(all_ids):
-        load_source(path, key_field)  # the duplicate key error, with both items' positions
-        raise InvalidItemError(f"source {path!r} has duplicate keys")  # pragma: no cover - load_source raised
+    check_unique(path, key_field, all_ids)
     return ScannedSource(
         all_ids,
         pa.concat_arrays(fps) if fps else pa.array([], pa.string()),
         np.concatenate(offsets) if offsets else (np.zeros(0, np.int64) if source_format(path) == JSONL else None),
     )
+
+
+def check_unique(path: str, key_field: str, ids: pa.Array) -> None:
+    """Raise ``load_source``'s duplicate key error (naming both items) when any of ``ids`` repeats."""
+    if _has_duplicates(ids):
+        load_source(path, key_field)  # the duplicate key error, with both items' positions
+        raise InvalidItemError(f"source {path!r} has duplicate keys")  # pragma: no cover - load_source raised
+
+
+def row_count(path: str, head: list[ScannedBatch], storage_options: dict[str, str] | None = None) -> int:
+    """How many rows a path source has: exact for Parquet and Lance, estimated for JSONL from ``head``.
+
+    ``head``: its first scanned batches (a JSONL file's size over the bytes per row they took).
+    """
+    kind = source_format(path)
+    if kind == PARQUET:
+        return int(_parquet_file(path).metadata.num_rows)
+    if kind == LANCE:
+        return lance_source_count(path, storage_options)
+    rows = sum(len(b.ids) for b in head)
+    offsets = [b.offsets for b in head if b.offsets is not None and len(b.offsets)]
+    if rows < 2 or not offsets:
+        return rows
+    if "://" in path:
+        fs, inner = pafs.FileSystem.from_uri(path)
+        size = fs.get_file_info(inner).size or 0
+    else:
+        size = os.path.getsize(path)
+    return max(rows, int(size / max(1.0, float(offsets[-1][-1]) / (rows - 1))))
 
 
 def _has_duplicates(ids: pa.Array, window: int = 1 << 20) -> bool:
@@ -198,16 +252,22 @@ def _lines(fh: Any) -> Iterator[bytes]:
 
 
 def row_ranges(positions: np.ndarray, offsets: np.ndarray | None) -> list[list[int]]:
-    """Sorted positions as ``[start, stop]`` ranges (``[start, stop, byte offset]`` for JSONL)."""
-    pos = np.sort(positions)
+    """Positions as sorted ``[start, stop]`` ranges (``[start, stop, byte offset]`` for JSONL).
+
+    ``offsets``: the byte offset of each of ``positions`` (the same length, in the same order).
+    """
+    order = np.argsort(positions, kind="stable")
+    pos = positions[order]
     if not len(pos):
         return []
     breaks = np.flatnonzero(np.diff(pos) != 1) + 1
-    starts = pos[np.concatenate(([0], breaks))]
+    first = np.concatenate(([0], breaks))
+    starts = pos[first]
     stops = pos[np.concatenate((breaks - 1, [len(pos) - 1]))] + 1
     if offsets is None:
         return [[int(a), int(b)] for a, b in zip(starts, stops)]
-    return [[int(a), int(b), int(offsets[a])] for a, b in zip(starts, stops)]
+    at = offsets[order][first]
+    return [[int(a), int(b), int(o)] for a, b, o in zip(starts, stops, at)]
 
 
 def read_rows(path: str, ranges: list[list[int]], storage_options: dict[str, str] | None = None) -> list[Any]:

@@ -282,7 +282,9 @@ def _dataset_exists(uri: str, storage_options: dict[str, str] | None) -> bool:
     return True
 
 
-def overwrite_dataset(table: pa.Table, uri: str, storage_options: dict[str, str] | None) -> lance.LanceDataset:
+def overwrite_dataset(
+    table: pa.Table | pa.RecordBatchReader, uri: str, storage_options: dict[str, str] | None
+) -> lance.LanceDataset:
     """``write_dataset(mode="overwrite")``, but ``mode="create"`` where there is no dataset yet.
 
     Lance's Rust logger prints ``WARN ... No existing dataset at <uri>, it will be created`` to stderr
@@ -329,6 +331,14 @@ def lance_source_batches(uri: str, storage_options: dict[str, str] | None, batch
     except (OSError, ValueError) as exc:
         raise InvalidItemError(f"source {uri!r} is not a readable Lance dataset: {str(exc)[:300]}") from None
     yield from ds.to_batches(batch_size=batch_size, scan_in_order=True)
+
+
+def lance_source_count(uri: str, storage_options: dict[str, str] | None) -> int:
+    """How many rows a Lance source has (from its manifest)."""
+    try:
+        return int(lance.dataset(uri, storage_options=storage_options).count_rows())
+    except (OSError, ValueError) as exc:
+        raise InvalidItemError(f"source {uri!r} is not a readable Lance dataset: {str(exc)[:300]}") from None
 
 
 def lance_source_rows(uri: str, rows: Sequence[int], storage_options: dict[str, str] | None) -> pa.Table:

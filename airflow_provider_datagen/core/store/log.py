@@ -496,6 +496,29 @@ class CheckpointLog:
             self._memo = projection.FoldMemo(version, projection.version_token(self, version, ds), table)
         return table, index
 
+    def fold_streams(self) -> projection.FoldStreams | None:
+        """The states as streams of batches, for a plan too large to hold them; None for an empty log.
+
+        A partitioned plan (see docs/adr/0019-partitioned-plan.md) splits them by item and folds or
+        reads one part at a time, so it never holds every state (nor the memo: it sets none).
+        """
+        ds = self._dataset()
+        if ds is None:
+            return None
+        version = int(ds.version)
+        new = maintenance.projection_wanted(self, ds, version)
+
+        def store(states: pa.RecordBatchReader) -> bool:
+            return maintenance.store_fold(self, states, version, new)
+
+        return projection.FoldStreams(
+            version,
+            int(ds.count_rows()),
+            projection.state_batches(self, ds),
+            lambda: projection.event_batches(self, ds),
+            store if new else None,
+        )
+
     def refresh_projection(
         self,
         *,

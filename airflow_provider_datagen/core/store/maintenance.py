@@ -9,6 +9,7 @@ under the same lease.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,8 @@ from airflow_provider_datagen.core.store.lease import lease_for
 from airflow_provider_datagen.core.store.paths import LEASE_FILE, LEASE_OBJECT, experiment_uri, is_local
 
 if TYPE_CHECKING:
-    import datetime as dt
+    import lance
+    import pyarrow as pa
 
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
@@ -120,31 +122,53 @@ def maybe_auto_maintain(log: CheckpointLog) -> None:
 
 def refresh_projection(log: CheckpointLog, *, min_new_events: int | None, cleanup_older_than: dt.timedelta) -> bool:
     """See :meth:`CheckpointLog.refresh_projection`."""
-    if min_new_events is None:
-        min_new_events = PROJECTION_MIN_NEW_EVENTS
     ds = log._dataset()
-    if ds is None or not lance_io.row_versions(ds):
+    if ds is None:
         return False
-    folded = projection.memo_base(log, ds)
+    folded = projection.memo_base(log, ds) if lance_io.row_versions(ds) else None
     if folded is None:
         return False
     table, version = folded
+    new = projection_wanted(log, ds, version, min_new_events)
+    return bool(new) and store_fold(log, table, version, new, cleanup_older_than)
+
+
+def projection_wanted(
+    log: CheckpointLog, ds: lance.LanceDataset, version: int, min_new_events: int | None = None
+) -> int:
+    """How many events a fold at ``version`` covers beyond the stored projection; 0 when not worth storing.
+
+    Worth storing: at least ``min_new_events`` (default :data:`PROJECTION_MIN_NEW_EVENTS`) of them.
+    """
+    if min_new_events is None:
+        min_new_events = PROJECTION_MIN_NEW_EVENTS
+    if not lance_io.row_versions(ds):
+        return 0
     stored_version = projection.projection_version(log)
     if stored_version >= version:
-        return False
+        return 0
     try:
         new = ds.count_rows(
             filter=f"_row_created_at_version > {stored_version} AND _row_created_at_version <= {version}"
         )
     except lance_io.LANCE_ERRORS as exc:
         raise log._translate(exc, "reading the log") from None
-    if new < min_new_events:
-        return False
+    return int(new) if new >= min_new_events else 0
+
+
+def store_fold(
+    log: CheckpointLog,
+    states: pa.Table | pa.RecordBatchReader,
+    version: int,
+    new: int,
+    cleanup_older_than: dt.timedelta = dt.timedelta(hours=1),
+) -> bool:
+    """Store ``states``, the fold of the log at ``version`` (``new`` events past the projection), as the projection."""
     lease = MaintenanceLease(log.uri, log.storage_options)
     if not lease.acquire():  # a maintenance is writing a newer projection
         return False
     try:
-        stored = projection.store_projection(log, table, version, cleanup_older_than)
+        stored = projection.store_projection(log, states, version, cleanup_older_than)
     finally:
         lease.release()
     if stored:

@@ -25,7 +25,7 @@ from airflow_provider_datagen.exceptions import LogCorruptedError, MisalignedStr
 
 if TYPE_CHECKING:
     import datetime as dt
-    from collections.abc import Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     import lance
 
@@ -121,6 +121,96 @@ def fold_scan(
         raise LogCorruptedError(f"reading {log.uri}: two scans of version {pinned.version} differ") from None
 
 
+class FoldStreams(NamedTuple):
+    """A log's states as streams, for a planner that partitions them (see ``CheckpointLog.fold_streams``)."""
+
+    #: the log version they are the states at
+    version: int
+    #: how many events the log holds at ``version``
+    event_count: int
+    #: the stored states (memo or projection, plus the items folded since), or None: fold ``events``
+    states: Iterator[pa.RecordBatch] | None
+    #: the light columns of every event at ``version``, batch by batch: a full fold's input
+    events: Callable[[], Iterator[pa.RecordBatch]]
+    #: stores a full fold of ``events`` as the projection (returns whether it did); None: not worth it
+    store: Callable[[pa.RecordBatchReader], bool] | None
+
+
+class ProjectionUnreadable(Exception):
+    """A stored projection failed while it was being streamed: the caller folds the log instead."""
+
+
+#: Rows per batch when the states are streamed (see :func:`state_batches`).
+_STATE_BATCH_ROWS = 1 << 16
+
+
+def state_batches(log: CheckpointLog, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch] | None:
+    """:func:`states_at` as a stream of state batches, for a planner that cannot hold every state.
+
+    The same states (the memo or the projection, minus the items with events since, plus those
+    items folded again), a batch at a time; None when only a full fold gives them (then fold
+    :func:`event_batches`). A projection that fails mid-stream raises :class:`ProjectionUnreadable`.
+    """
+    version = int(ds.version)
+    if not lance_io.row_versions(ds):
+        return None
+    memo = memo_base(log, ds)
+    if memo is not None:
+        base_version, rows = memo.version, memo.states.num_rows
+        stored: Iterator[pa.RecordBatch] = iter(memo.states.to_batches(max_chunksize=_STATE_BATCH_ROWS))
+    else:
+        projected = open_projection(log)
+        if projected is None or not 0 < projected.log_version <= version:
+            return None
+        base_version = projected.log_version
+        try:
+            rows = projected.dataset.count_rows()
+            stored = _projection_stream(projected.dataset)
+        except lance_io.LANCE_ERRORS as exc:
+            logger.warning("ignoring the state projection of %s: %s", log.uri, str(exc)[:200])
+            return None
+    if base_version == version:
+        return stored
+    delta = log._scan_ds(ds, ["item_id"], f"_row_created_at_version > {base_version}")
+    touched = pc.unique(delta["item_id"])
+    del delta
+    if len(touched) == 0:
+        return stored
+    if len(touched) > max(1000, rows // 4):
+        return None
+    events = log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(touched))
+    refolded = fold_table(events)
+    del events
+
+    def merged() -> Iterator[pa.RecordBatch]:
+        for batch in stored:
+            yield batch.filter(pc.invert(pc.is_in(batch.column("item_id"), value_set=touched)))
+        yield from refolded.to_batches(max_chunksize=_STATE_BATCH_ROWS)
+
+    return merged()
+
+
+def _projection_stream(dataset: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
+    stream = iter(dataset.to_batches(batch_size=_STATE_BATCH_ROWS))
+    while True:
+        try:
+            batch = next(stream)
+        except StopIteration:
+            return
+        except lance_io.LANCE_ERRORS as exc:
+            raise ProjectionUnreadable(str(exc)[:200]) from None
+        yield batch.replace_schema_metadata(None)
+
+
+def event_batches(log: CheckpointLog, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
+    """The light columns of every event of the log at ``ds``'s version, batch by batch (for a streamed fold)."""
+    try:
+        pinned = ds.checkout_version(int(ds.version))
+    except lance_io.LANCE_ERRORS as exc:
+        raise log._translate(exc, "reading the log") from None
+    return log._batches(pinned, LIGHT_COLUMNS)
+
+
 def open_projection(log: CheckpointLog) -> StoredProjection | None:
     """The state projection and the log version it folds, when it is one this code can read."""
     uri = log.projection_uri
@@ -171,16 +261,20 @@ def write_projection(log: CheckpointLog, ds: lance.LanceDataset, cleanup_older_t
     return table.num_rows
 
 
-def store_projection(log: CheckpointLog, table: pa.Table, version: int, cleanup_older_than: dt.timedelta) -> bool:
-    """Store ``table``, the fold of the log at ``version``, as the state projection.
+def store_projection(
+    log: CheckpointLog, table: pa.Table | pa.RecordBatchReader, version: int, cleanup_older_than: dt.timedelta
+) -> bool:
+    """Store ``table`` (or a stream of its batches), the fold of the log at ``version``, as the state projection.
 
     Each write is an overwrite, a new version of ``state.lance``; old versions are removed on the
     log's own retention, else every maintenance would leave a full copy behind. A reader that loses
     its version to the cleanup just folds the log (the projection is disposable).
     """
-    table = table.replace_schema_metadata(
-        {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
-    )
+    meta = {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
+    if isinstance(table, pa.RecordBatchReader):
+        table = pa.RecordBatchReader.from_batches(STATE_SCHEMA.with_metadata(meta), table)
+    else:
+        table = table.replace_schema_metadata(meta)
     try:
         written = lance_io.overwrite_dataset(table, log.projection_uri, log.storage_options)
         written.cleanup_old_versions(older_than=cleanup_older_than)

@@ -1,0 +1,196 @@
+"""A large path source planned a bucket of items at a time: the same chunks, plan and status as in memory."""
+
+from __future__ import annotations
+
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_datagen.core import CheckpointLog
+from airflow_provider_datagen.core import partitioned_plan as part_mod
+from airflow_provider_datagen.core import source_scan as scan_mod
+from airflow_provider_datagen.core.chunks import chunk_items, plan_chunks
+from airflow_provider_datagen.core.fold import fold_table
+from airflow_provider_datagen.core.partitioned_plan import bucket_count, buckets_of, id_hash
+from airflow_provider_datagen.core.planner import plan_resume, status_of
+from airflow_provider_datagen.core.schema import LIGHT_COLUMNS
+from airflow_provider_datagen.core.store import maintenance
+from airflow_provider_datagen.exceptions import InvalidItemError
+from benchmarks.synth import synth_events
+from tests.core.test_streamed_plan import planned_log, source_rows
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = ["planned_log"]  # the streamed plan's fixture: a log 95% done with every class of item
+
+
+def reference_hash(text: str) -> int:
+    """:func:`id_hash` of one string, byte by byte in Python."""
+    mask = (1 << 64) - 1
+    data = text.encode("utf-8")
+    h = 0
+    for j, byte in enumerate(data):
+        h = (h + byte * pow(0x100000001B3, j + 1, 1 << 64)) & mask
+    h = (h + len(data) * 0x9E3779B97F4A7C15) & mask
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & mask
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & mask
+    return h ^ (h >> 31)
+
+
+def test_the_id_hash_is_the_formula_for_any_slice_chunking_or_string_type() -> None:
+    ids = ["", "a", "item-00000001", "é/ü:%", "x" * 300, "item-00000002", "a"]
+    expected = [reference_hash(t) for t in ids]
+    assert id_hash(pa.array(ids, pa.string())).tolist() == expected
+    assert id_hash(pa.array(ids, pa.large_string())).tolist() == expected
+    assert id_hash(pa.array(["pad", *ids], pa.string()).slice(1)).tolist() == expected
+    assert id_hash(pa.chunked_array([ids[:3], ids[3:]], pa.string())).tolist() == expected
+    # runs of one id (an item's events side by side) take the bucket of their id
+    runs = ["b", "b", "b", "a", "c", "c", "b"]
+    assert buckets_of(pa.array(runs), 7).tolist() == [reference_hash(t) % 7 for t in runs]
+
+
+def test_the_buckets_of_many_ids_are_even() -> None:
+    ids = pa.array([f"item-{i:08d}" for i in range(200_000)])
+    counts = np.bincount(buckets_of(ids, 64), minlength=64)
+    assert counts.min() > 0.9 * 200_000 / 64 and counts.max() < 1.1 * 200_000 / 64
+
+
+def test_the_bucket_count_follows_the_larger_of_items_and_events() -> None:
+    assert bucket_count(10_000_000, 49_000_000) == 64
+    assert bucket_count(2_000_000, 100_000_000) == 64
+    assert bucket_count(10, 10) == 2
+    assert bucket_count(10**12, 0) == part_mod.MAX_BUCKETS
+
+
+#: The bucket counts of the partitioned plans made in a test (see the ``partitioned`` fixture).
+BUCKETS: list[int] = []
+
+
+@pytest.fixture
+def partitioned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan every source of more than 1,000 rows in 32 or more buckets (the module's sizes are for millions)."""
+    monkeypatch.setattr(part_mod, "PARTITION_ROWS", 1000)
+    monkeypatch.setattr(part_mod, "ITEMS_PER_BUCKET", 600)
+    monkeypatch.setattr(part_mod, "EVENTS_PER_BUCKET", 4000)
+    real = part_mod.bucket_count
+    BUCKETS.clear()
+
+    def recorded(source_rows: int, events: int) -> int:
+        BUCKETS.append(real(source_rows, events))
+        return BUCKETS[-1]
+
+    monkeypatch.setattr(part_mod, "bucket_count", recorded)
+
+
+def copied(log: CheckpointLog, tmp_path: Path) -> CheckpointLog:
+    """A copy of ``log`` under ``tmp_path`` (the module's log stays as the other tests expect it)."""
+    root = log.uri.split("/datagen_checkpoints/")[0]
+    shutil.copytree(root, tmp_path / "root")
+    return CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e", auto_maintain_fragments=None)
+
+
+def assert_same_plan(log: CheckpointLog, source: list[dict[str, Any]], path: str, **kwargs: Any) -> None:
+    """The partitioned plan of ``path`` against the in-memory one and the plan of the dicts themselves."""
+    oracle = plan_resume(log, source, processor_version=kwargs.get("processor_version", "v1"), **_redo(kwargs))
+    BUCKETS.clear()
+    result = plan_chunks(log, path, **kwargs)
+    assert len(BUCKETS) == 1 and BUCKETS[0] >= 32  # planned in buckets
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(part_mod, "PARTITION_ROWS", 1 << 40)
+        memory = plan_chunks(log, path, **kwargs)
+    assert len(BUCKETS) == 1  # the in-memory plan did not partition
+    assert result.chunks == memory.chunks
+    assert result.status == memory.status == status_of(log, source)
+    assert [i for c in result.chunks for i in c["item_ids"]] == oracle.pending
+    for name in ("replay", "demoted", "invalidated", "fresh", "failed", "last_seq", "kept_other_version"):
+        assert getattr(result.plan, name) == getattr(oracle, name), name
+    assert result.plan.skip_count == len(oracle.skip)
+    assert result.plan.as_dict() == memory.plan.as_dict() == oracle.as_dict()
+
+
+def _redo(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {"redo_completed": kwargs["redo_completed"]} if "redo_completed" in kwargs else {}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "lance"])
+def test_a_partitioned_plan_without_the_fold_cache_is_the_in_memory_plan(
+    planned_log: Any, partitioned: None, fmt: str
+) -> None:
+    log, source, paths = planned_log
+    assert log._projection_version() == 0  # cold: every bucket folds its own events
+    assert_same_plan(log, source, paths[fmt], chunk_size=250)
+    result = plan_chunks(log, paths[fmt], chunk_size=250)
+    by_id = {r["id"]: r for r in source}
+    for chunk in result.chunks[:: max(1, len(result.chunks) // 6)]:
+        items = chunk_items(chunk, pipeline="p", experiment="e", processor_version="v1")
+        assert [s.item_id for s in items] == chunk["item_ids"]
+        assert [s.data for s in items] == [by_id[i] for i in chunk["item_ids"]]
+
+
+def test_a_partitioned_plan_with_the_fold_cache_and_events_since_is_the_in_memory_plan(
+    planned_log: Any, partitioned: None, tmp_path: Path
+) -> None:
+    log0, source, paths = planned_log
+    log = copied(log0, tmp_path)
+    log.maintain()
+    assert log._projection_version() == log.version  # cached: buckets of stored states
+    assert_same_plan(log, source, paths["parquet"], chunk_size=300)
+    assert_same_plan(log, source, paths["jsonl"], processor_version="v0", redo_completed="other_version", max_chunks=7)
+    # events after the projection: those items are folded again, the rest read as stored
+    later = synth_events(source[:40], 0.5, seed=11, first_row=10**7)
+    log._append(later.slice(0, later.num_rows - 1))
+    assert 0 < log._projection_version() < log.version
+    assert_same_plan(log, source, paths["lance"], chunk_size=200)
+
+
+def test_a_cold_partitioned_plan_stores_its_fold_as_the_projection(
+    planned_log: Any, partitioned: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log0, source, paths = planned_log
+    log = copied(log0, tmp_path)
+    monkeypatch.setattr(maintenance, "PROJECTION_MIN_NEW_EVENTS", 1)
+    plan_chunks(log, paths["parquet"])
+    assert log._projection_version() == log.version
+    fresh = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e", remember_fold=False)
+    stored = fresh.states().sort_by("item_id")
+    assert stored.num_rows > len(source) * 0.9
+    assert stored.equals(fold_table(fresh._scan(LIGHT_COLUMNS)).sort_by("item_id"))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_key_repeated_in_another_bucket_batch_fails_naming_both_items(
+    tmp_path: Path, partitioned: None, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    monkeypatch.setattr(scan_mod, "SCAN_BATCH", 500)
+    rows = source_rows(3000)
+    rows[2900]["id"] = rows[7]["id"]
+    path = tmp_path / f"dup.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        import json
+
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e")
+    with pytest.raises(InvalidItemError, match=r"duplicate key 'item-000007' \(items #7 and #2900\)"):
+        plan_chunks(log, str(path))
+    assert BUCKETS == [8]  # found within the bucket both rows hash to
+
+
+def test_a_partitioned_plan_of_an_empty_log_is_every_item_fresh(tmp_path: Path, partitioned: None) -> None:
+    rows = source_rows(2500)
+    path = tmp_path / "src.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=700)
+    log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e")
+    result = plan_chunks(log, str(path), chunk_size=1000)
+    assert BUCKETS == [8]
+    assert result.plan.fresh == [r["id"] for r in rows]
+    assert [c["rows"] for c in result.chunks] == [[[0, 1000]], [[1000, 2000]], [[2000, 2500]]]
+    assert result.status == status_of(log, rows)
