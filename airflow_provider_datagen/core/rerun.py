@@ -169,6 +169,24 @@ def record_plan_source(
     return ref
 
 
+#: Above this many items the UI does not classify a path source: the API server would hold the
+#: source's ids and fingerprints and the folded states at once (~300 B per item, past 1 GiB at a few
+#: million items), again at each new log version. The plan task classifies any size in bounded memory.
+UI_CLASSIFY_LIMIT = 1_000_000
+
+
+def too_large_to_classify(ref: SourceRef) -> str | None:
+    """Why the UI does not classify ``ref``'s source (its size), or None when it does."""
+    limit = UI_CLASSIFY_LIMIT
+    if ref.kind != PATH or ref.items <= limit:
+        return None
+    return (
+        f"the source the last plan read has {ref.items:,} items, more than the {limit:,} the UI classifies "
+        "(the API server would hold every id and fingerprint); the plan task's log line 'plan: {...}' "
+        "gives the planner's counts, and planning again gives them for now"
+    )
+
+
 def _check_readable(ref: SourceRef) -> None:
     if ref.uri_redacted:
         raise InvalidItemError(

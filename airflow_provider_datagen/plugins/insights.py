@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core import EventType, ItemStatus
-from airflow_provider_datagen.core.rerun import rerun_counts
+from airflow_provider_datagen.core.rerun import rerun_counts, too_large_to_classify
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core import CheckpointLog
@@ -165,7 +165,8 @@ def next_run(
     """What a rerun would touch now: the recorded source classified against ``states``, and the log-only view.
 
     ``classes`` holds the planner's counts over the source the last plan recorded (None without a
-    record, or when the source cannot be read: ``unreachable`` then says why); the other counts are
+    record, when the source cannot be read: ``unreachable`` then says why, or when it is a path source
+    too large to classify in the API server: ``not_classified`` says so); the other counts are
     what the log alone knows, over the source items it holds.
     """
     failed = int(summary.get("failed_items") or 0)
@@ -188,8 +189,12 @@ def next_run(
         "source": None if source is None else source.as_dict(),
         "classes": None,
         "unreachable": None,
+        "not_classified": None,
     }
     if source is None:
+        return out
+    out["not_classified"] = too_large_to_classify(source)
+    if out["not_classified"]:
         return out
     try:
         counts = rerun_counts(source, states, int(summary.get("log_version") or 0), storage_options)

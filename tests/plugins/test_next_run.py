@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_datagen.core import CheckpointLog, run_items
+from airflow_provider_datagen.core import CheckpointLog, rerun, run_items
 from airflow_provider_datagen.core.chunks import plan_chunks
 from airflow_provider_datagen.core.rerun import record_plan_source
 from airflow_provider_datagen.core.sources import prepare_items
@@ -162,6 +162,31 @@ def test_a_missing_source_is_said_and_the_log_view_shown(client: TestClient, ui_
     item = client.get(f"/datagen/experiments/{P}/gone/item?id=k1")
     assert item.status_code == 200
     assert f"Not shown: the source {source} cannot be read now" in item.text
+
+
+def test_a_path_source_past_the_ui_limit_is_not_classified(
+    client: TestClient, ui_log: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server does not hold a big source's ids and fingerprints: the panel says why, log view kept."""
+    monkeypatch.setattr(rerun, "UI_CLASSIFY_LIMIT", 5)  # the source has 6 items
+    lg = ui_log(P, "too_large")
+    source = every_class(lg, "parquet", tmp_path)
+    panel = client.get(f"/datagen/experiments/{P}/too_large").text
+    panel = panel[panel.index("<h2 id='next-run'>") : panel.index("<h2>Failures")]
+    assert f"Not classified against the source the last plan read (<code>{source}</code>" in panel
+    assert "has 6 items, more than the 5 the UI classifies" in panel
+    assert dict(re.findall(ROW_RE, panel)) == {"replay": "2", "failed": "1", "fresh": "0", "skip": "2"}
+    nr = client.get(f"/datagen/api/experiments/{P}/too_large").json()["next_run"]
+    assert nr["classes"] is None and nr["unreachable"] is None
+    assert "more than the 5 the UI classifies" in nr["not_classified"]
+    # an inline source is its snapshot, bounded by what a DAG file can hold: always classified
+    inline = ui_log(P, "inline_big")
+    every_class(inline, "inline", tmp_path)
+    assert client.get(f"/datagen/api/experiments/{P}/inline_big").json()["next_run"]["classes"] == {
+        **CLASSES,
+        "total": 6,
+        "kept_other_version": {"v1": 1},
+    }
 
 
 UNREACHABLE_CONN = "datagen_next_run_s3"
