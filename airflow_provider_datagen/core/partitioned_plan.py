@@ -365,7 +365,14 @@ def plan_partitioned(
             if b + 1 < k:
                 ahead = pool.submit(bucket, b + 1)
             ids = mine.column("id")
-            check_unique(path, key_field, ids.chunk(0) if ids.num_chunks else pa.array([], pa.string()))
+            # each bucket names its own first repeat; with repeats in several buckets, the first
+            # bucket's (an in-order read might have met another pair first)
+            check_unique(
+                path,
+                key_field,
+                ids.chunk(0) if ids.num_chunks else pa.array([], pa.string()),
+                mine.column("pos").to_numpy(),
+            )
             if stored is not None and table.num_rows:
                 for part in table.to_batches():
                     stored.add(part, np.zeros(part.num_rows, np.int64))

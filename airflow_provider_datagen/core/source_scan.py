@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, load_source, prepare_items
+from airflow_provider_datagen.core.ids import key_of
+from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, prepare_items
 from airflow_provider_datagen.core.store.lance_io import lance_source_batches, lance_source_count, lance_source_rows
 from airflow_provider_datagen.exceptions import InvalidItemError
 
@@ -65,28 +66,22 @@ class ScannedBatch(NamedTuple):
 def scan_batches(path: str, key_field: str, storage_options: dict[str, str] | None = None) -> Iterator[ScannedBatch]:
     """Validate and fingerprint a path source a batch at a time; errors are exactly ``load_source``'s.
 
-    On any bad row the whole source is validated again by :func:`load_source`, so the error, and
-    the item it names, are the ones the unstreamed read gives. Keys are unique within each batch
-    only: the caller checks the whole source (:func:`has_duplicates`).
+    A bad row raises :func:`prepare_items`' error naming the item by its place in the whole source,
+    as the unstreamed read would, without reading the source again (at 10M rows that read alone
+    would not fit in memory). Keys are unique within each batch only: the caller checks the whole
+    source (:func:`check_unique`).
     """
-    batches = _batches(path, storage_options)
-    while True:
-        try:
-            got = next(batches, None)
-            if got is None:
-                return
-            rows, offs, plain = got
-            fast = fingerprint_rows(rows, key_field, plain=plain)
-            if fast is None:
-                items = prepare_items(rows, key_field)
-                fast = [s.item_id for s in items], [s.fingerprint for s in items]
-                del items
-            del rows
-            scanned = ScannedBatch(pa.array(fast[0], pa.string()), pa.array(fast[1], pa.string()), offs)
-            del fast
-        except InvalidItemError:
-            load_source(path, key_field)  # raises the error naming the item by its place in the whole source
-            raise
+    start = 0
+    for rows, offs, plain in _batches(path, storage_options):
+        fast = fingerprint_rows(rows, key_field, plain=plain)
+        if fast is None:
+            items = prepare_items(rows, key_field, start=start)
+            fast = [s.item_id for s in items], [s.fingerprint for s in items]
+            del items
+        start += len(rows)
+        del rows
+        scanned = ScannedBatch(pa.array(fast[0], pa.string()), pa.array(fast[1], pa.string()), offs)
+        del fast
         yield scanned
 
 
@@ -117,11 +112,32 @@ def gather(path: str, key_field: str, batches: Iterable[ScannedBatch]) -> Scanne
     )
 
 
-def check_unique(path: str, key_field: str, ids: pa.Array) -> None:
-    """Raise ``load_source``'s duplicate key error (naming both items) when any of ``ids`` repeats."""
-    if _has_duplicates(ids):
-        load_source(path, key_field)  # the duplicate key error, with both items' positions
-        raise InvalidItemError(f"source {path!r} has duplicate keys")  # pragma: no cover - load_source raised
+def check_unique(path: str, key_field: str, ids: pa.Array, positions: np.ndarray | None = None) -> None:
+    """Raise ``load_source``'s duplicate key error (naming both items) when any of ``ids`` repeats.
+
+    ``positions``: each id's place in the whole source (a bucket of a partitioned plan), else its
+    index in ``ids``. Among repeated keys the error names the pair an in-order read meets first
+    (the smallest second occurrence), built from the ids alone: no second read of the source.
+    """
+    dup = _duplicated(ids)
+    if dup is None:
+        return
+    pos = np.arange(len(ids), dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
+    mask = pc.is_in(ids, value_set=dup).to_numpy(zero_copy_only=False)
+    repeated = pa.table({"id": ids.filter(pa.array(mask)), "pos": pos[mask]})
+    ranked = repeated.take(pc.sort_indices(repeated, sort_keys=[("id", "ascending"), ("pos", "ascending")]))
+    ranked_ids = ranked.column("id").combine_chunks()
+    ranked_pos = ranked.column("pos").to_numpy()
+    # in (id, position) order: a row whose id equals the one before is a repeat; the first repeat of
+    # each id is its second occurrence, named with the occurrence before it
+    same = pc.equal(ranked_ids.slice(1), ranked_ids.slice(0, len(ranked_ids) - 1)).to_numpy(zero_copy_only=False)
+    first_repeat = np.flatnonzero(same & ~np.concatenate(([False], same[:-1]))) + 1
+    at = first_repeat[np.argmin(ranked_pos[first_repeat])]
+    key = key_of(ranked_ids[at].as_py())
+    raise InvalidItemError(
+        f"duplicate key {key[:200]!r} (items #{ranked_pos[at - 1]} and #{ranked_pos[at]}); keys must be unique "
+        "in one source: de-duplicate the source or choose another key_field"
+    )
 
 
 def row_count(path: str, head: list[ScannedBatch], storage_options: dict[str, str] | None = None) -> int:
@@ -146,19 +162,21 @@ def row_count(path: str, head: list[ScannedBatch], storage_options: dict[str, st
     return max(rows, int(size / max(1.0, float(offsets[-1][-1]) / (rows - 1))))
 
 
-def _has_duplicates(ids: pa.Array, window: int = 1 << 20) -> bool:
-    """Whether any id repeats: the sorted order compared a window at a time.
+def _duplicated(ids: pa.Array, window: int = 1 << 20) -> pa.Array | None:
+    """The ids that repeat (None when none does): the sorted order compared a window at a time.
 
     Not ``count_distinct``: its hash table costs ~100 bytes an id (1 GB at 10M), the sort's indices 8.
     """
     if len(ids) < 2:
-        return False
+        return None
     order = pc.sort_indices(ids)
+    found: list[pa.Array] = []
     for lo in range(0, len(ids) - 1, window):
         run = ids.take(order.slice(lo, window + 1))
-        if pc.any(pc.equal(run.slice(1), run.slice(0, len(run) - 1))).as_py():
-            return True
-    return False
+        same = pc.equal(run.slice(1), run.slice(0, len(run) - 1))
+        if pc.any(same).as_py():
+            found.append(pc.unique(run.slice(1).filter(same)))
+    return pc.unique(pa.concat_arrays(found)) if found else None
 
 
 def _batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tuple[list[Any], np.ndarray | None, bool]]:

@@ -106,8 +106,12 @@ class _DraftItem(SourceItem):
         self.__class__ = SourceItem  # type: ignore[assignment]
 
 
-def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceItem]:
-    """Validate every item before anything is written: dicts, keyed, unique keys, of encodable source values."""
+def prepare_items(items: Iterable[Any], key_field: str = "id", start: int = 0) -> list[SourceItem]:
+    """Validate every item before anything is written: dicts, keyed, unique keys, of encodable source values.
+
+    ``start``: the position of the first item in its whole source (a streamed batch's), so an error
+    names an item by its place in the source, as an unstreamed read would.
+    """
     if isinstance(items, (str, bytes, Mapping)):
         raise InvalidItemError(
             f"items must be an iterable of dicts, got a {type(items).__name__}; wrap a single item in a list"
@@ -117,7 +121,7 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
     out: list[SourceItem] = []
     seen: dict[str, int] = {}
     if _FAST is None:  # no C encoder: every item takes the general path
-        for pos, item in enumerate(items):
+        for pos, item in enumerate(items, start):
             out.append(_prepare_one(pos, item, key_field, seen))
         return out
     # The common case inline: a plain dict keyed by a str or a small int that needs no escaping, encoded
@@ -133,7 +137,7 @@ def prepare_items(items: Iterable[Any], key_field: str = "id") -> list[SourceIte
     sha256 = hashlib.sha256
     draft = _DraftItem
     missing = _MISSING
-    for pos, item in enumerate(items):
+    for pos, item in enumerate(items, start):
         if type(item) is dict:
             key = item.get(key_field, missing)
             kind = type(key)

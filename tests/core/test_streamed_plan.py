@@ -18,6 +18,7 @@ from airflow_provider_datagen.core.chunks import chunk_items, plan_chunks
 from airflow_provider_datagen.core.events import fingerprint_of
 from airflow_provider_datagen.core.planner import plan_resume, status_of
 from airflow_provider_datagen.core.source_scan import scan_source
+from airflow_provider_datagen.core.sources import load_source
 from airflow_provider_datagen.exceptions import InvalidItemError
 from benchmarks.synth import synth_events
 
@@ -143,6 +144,37 @@ def test_a_key_repeated_in_another_batch_fails_naming_both_items(
     log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e")
     with pytest.raises(InvalidItemError, match=r"duplicate key 'item-000003' \(items #3 and #25\)"):
         plan_chunks(log, str(path))
+
+
+@pytest.mark.parametrize(
+    "repeats",
+    [
+        [(3, 25)],
+        [(20, 28), (1, 22)],  # two repeated keys: the in-order read meets #22 first
+        [(5, 9), (5, 17), (2, 29)],  # a key three times: named by its first two
+        [(14, 15)],  # in one batch
+    ],
+)
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_duplicate_keys_fail_with_the_unstreamed_reads_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repeats: list[tuple[int, int]], fmt: str
+) -> None:
+    """Found from the ids alone (no second read of the source), yet the very error ``load_source`` raises."""
+    monkeypatch.setattr(scan_mod, "SCAN_BATCH", 10)
+    rows = source_rows(30)
+    for first, again in repeats:
+        rows[again]["id"] = rows[first]["id"]
+    path = tmp_path / f"dups.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(InvalidItemError) as expected:
+        load_source(rows, "id")
+    log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e")
+    with pytest.raises(InvalidItemError) as got:
+        plan_chunks(log, str(path))
+    assert str(got.value) == str(expected.value)
 
 
 def test_a_bad_row_in_a_later_batch_is_named_by_its_place_in_the_source(
