@@ -20,6 +20,8 @@ PROJECTION_DIR = "state.lance"
 SNAPSHOTS_DIR = "sources"
 #: the budget the last plan or map task set (docs/adr/0011-usage-ledger.md): one row, overwritten
 BUDGET_DIR = "budget.lance"
+#: the disposable usage projection (the usage ledger's sums at a log version, core/store/usage_projection.py)
+USAGE_DIR = "usage.lance"
 LEASE_FILE = ".maintenance.lock"
 #: The maintenance lease on an object store (an object, see core/store/lease.py).
 LEASE_OBJECT = ".maintenance.lease"
@@ -53,6 +55,11 @@ def projection_uri(log_uri: str) -> str:
 def budget_uri(log_uri: str) -> str:
     """The URI of the experiment's budget record (see :data:`BUDGET_DIR`)."""
     return f"{experiment_uri(log_uri)}/{BUDGET_DIR}"
+
+
+def usage_projection_uri(log_uri: str) -> str:
+    """The URI of the usage projection of the log at ``log_uri`` (see :data:`USAGE_DIR`)."""
+    return f"{experiment_uri(log_uri)}/{USAGE_DIR}"
 
 
 def snapshot_uri(log_uri: str, digest: str) -> str:
