@@ -232,6 +232,15 @@ def usage_rows_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
 #: the columns a usage projection groups by, and the sums of a :data:`Sums` list in order
 GROUP_COLUMNS = ("writer_id", "writer_epoch", "model")
 SUM_COLUMNS = (*_COUNTS, "nanos", "failed_nanos")
+_ENTRIES = pa.schema(
+    [
+        ("writer_id", pa.string()),
+        ("writer_epoch", pa.int64()),
+        ("model", pa.string()),
+        *[(name, pa.int64()) for name in SUM_COLUMNS],
+        ("event_key", pa.int64()),
+    ]
+)
 
 
 def entries_of_table(table: pa.Table) -> pa.Table:
@@ -243,10 +252,11 @@ def entries_of_table(table: pa.Table) -> pa.Table:
     """
     if table.num_rows:
         table = _unique_rows(table.filter(usage_rows_mask(table)))
-    if table.num_rows:
-        entries, parents = _entries(table)
-    else:
-        entries, parents = pa.array([], _ENTRY), np.zeros(0, dtype=np.int64)
+    if table.num_rows == 0:  # no usage (the usual read after a projection): nothing to parse
+        return (
+            _ENTRIES.empty_table() if "event_key" in table.column_names else _ENTRIES.empty_table().drop(["event_key"])
+        )
+    entries, parents = _entries(table)
     cost = entries.field("cost_usd").fill_null(0.0).to_numpy(zero_copy_only=False)
     nanos = np.rint(cost * NANOS).astype(np.int64)
     failed_rows = pc.equal(table["event_type"], EventType.FAILED.value).to_numpy(zero_copy_only=False)

@@ -36,7 +36,7 @@ from airflow_provider_datagen.core.fold.usage import (
     entries_of_table,
     sums_of_entries,
 )
-from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION
+from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, EVENT_SCHEMA
 from airflow_provider_datagen.core.store import lance_io
 from airflow_provider_datagen.core.store.paths import is_local, usage_projection_uri
 
@@ -60,6 +60,7 @@ USAGE_PROJECTION_SCHEMA = pa.schema(
 )
 #: the rows of the log that may carry usage (what ``fold.usage.usage_rows_mask`` then narrows)
 USAGE_FILTER = f"event_type IN ({', '.join(repr(t) for t in USAGE_TYPES)}) AND value_kind IS NOT NULL"
+_EMPTY_ROWS = EVENT_SCHEMA.empty_table().select([*USAGE_COLUMNS, "event_key"])
 #: the chunks a :class:`KeySet` gathers from reads before merging them into one
 _MAX_ADDED_CHUNKS = 8
 #: copies looked up by their ids (an IN list the event_id index answers); more: one scan of the ids
@@ -261,6 +262,8 @@ def rows_after(log: CheckpointLog, ds: lance.LanceDataset, version: int | None) 
     columns = [*USAGE_COLUMNS, "event_key"]
     if version is None:
         return log._scan_ds(ds, columns, USAGE_FILTER)
+    if version >= int(ds.version):  # nothing committed after it: no scan
+        return _EMPTY_ROWS
     return log._scan_ds(ds, columns, f"{USAGE_FILTER} AND _row_created_at_version > {version}")
 
 
