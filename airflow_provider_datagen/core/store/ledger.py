@@ -4,10 +4,11 @@ Usage lives in the value of the STEP_COMPLETED and FAILED rows that end attempts
 ``core/fold/usage.py``); a read scans only those rows that carry a value, so a log without usage
 costs one pass over two light columns. The sums are remembered by the log object (unless it was
 opened with ``remember_fold=False``), so the next read scans only the rows committed since: a run's
-budget re-reads the log's spend often. The budget a plan or map task set is a one-row Lance dataset
-beside the log (``budget.lance``), overwritten when a task sets another: not an event, because a
-budget is a setting of the experiment, not something that happened to an item, and the UI reads it
-without folding anything. See docs/adr/0011-usage-ledger.md.
+budget re-reads the log's spend often. A fresh object starts from the usage projection that
+``maintain()`` stores (``usage_projection.py``) and scans only the rows committed after it. The
+budget a plan or map task set is a one-row Lance dataset beside the log (``budget.lance``),
+overwritten when a task sets another: not an event, because a budget is a setting of the experiment,
+not something that happened to an item, and the UI reads it without folding anything. See docs/adr/0011-usage-ledger.md.
 """
 
 from __future__ import annotations

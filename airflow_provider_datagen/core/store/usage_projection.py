@@ -61,6 +61,8 @@ USAGE_PROJECTION_SCHEMA = pa.schema(
 #: the rows of the log that may carry usage (what ``fold.usage.usage_rows_mask`` then narrows)
 USAGE_FILTER = f"event_type IN ({', '.join(repr(t) for t in USAGE_TYPES)}) AND value_kind IS NOT NULL"
 _EMPTY_ROWS = EVENT_SCHEMA.empty_table().select([*USAGE_COLUMNS, "event_key"])
+#: rows after a projection read whole (and narrowed in memory) rather than filtered by Lance
+_TAIL_ROWS_READ_WHOLE = 200_000
 #: the chunks a :class:`KeySet` gathers from reads before merging them into one
 _MAX_ADDED_CHUNKS = 8
 #: copies looked up by their ids (an IN list the event_id index answers); more: one scan of the ids
@@ -181,8 +183,9 @@ def _sums_of(table: pa.Table) -> Sums:
     return {group: [int(col[i]) for col in columns] for i, group in enumerate(_groups(table))}
 
 
-def _key_chunks(table: pa.Table) -> list[np.ndarray]:
-    lists = table["event_keys"].combine_chunks()
+def _key_chunks(table: pa.Table, column: str = "event_keys") -> list[np.ndarray]:
+    """Each row's list of keys, as numpy slices of one array (``offsets`` index ``values`` as sliced)."""
+    lists = table[column].combine_chunks()
     values = lists.values.to_numpy(zero_copy_only=False)
     offsets = lists.offsets.to_numpy(zero_copy_only=False)
     return [values[offsets[i] : offsets[i + 1]] for i in range(len(lists))]
@@ -238,12 +241,8 @@ def _keys_by_group(entries: pa.Table) -> dict[tuple[str, int, str], np.ndarray]:
     if entries.num_rows == 0:
         return {}
     grouped = entries.group_by(list(GROUP_COLUMNS)).aggregate([("event_key", "list")])
-    lists = grouped["event_key_list"].to_pylist()
     return {
-        (w, int(e), m): sorted_unique(np.asarray(lists[i], dtype=np.int64))
-        for i, (w, e, m) in enumerate(
-            zip(grouped["writer_id"].to_pylist(), grouped["writer_epoch"].to_pylist(), grouped["model"].to_pylist())
-        )
+        group: sorted_unique(chunk) for group, chunk in zip(_groups(grouped), _key_chunks(grouped, "event_key_list"))
     }
 
 
@@ -264,7 +263,19 @@ def rows_after(log: CheckpointLog, ds: lance.LanceDataset, version: int | None) 
         return log._scan_ds(ds, columns, USAGE_FILTER)
     if version >= int(ds.version):  # nothing committed after it: no scan
         return _EMPTY_ROWS
-    return log._scan_ds(ds, columns, f"{USAGE_FILTER} AND _row_created_at_version > {version}")
+    since = f"_row_created_at_version > {version}"
+    # Lance answers a filter on the row version alone from its metadata, without reading the rows
+    # before it; ANDed with the other predicates it evaluates them on every row (10x slower at 5M).
+    # So a short tail is read whole and narrowed here; a long one (rarely maintained) is filtered there.
+    try:
+        tail = ds.count_rows(filter=since)
+    except lance_io.LANCE_ERRORS as exc:
+        raise log._translate(exc, "reading the log") from None
+    if tail > _TAIL_ROWS_READ_WHOLE:
+        return log._scan_ds(ds, columns, f"{since} AND {USAGE_FILTER}")
+    rows = log._scan_ds(ds, [*columns, "value_kind"], since)
+    keep = pc.and_(pc.is_in(rows["event_type"], value_set=pa.array(USAGE_TYPES)), pc.is_valid(rows["value_kind"]))
+    return rows.filter(keep).select(columns)
 
 
 def without_copies(log: CheckpointLog, ds: lance.LanceDataset, rows: pa.Table, base: UsageAt | None) -> pa.Table:

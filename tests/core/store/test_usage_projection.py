@@ -151,7 +151,7 @@ def test_a_cold_read_after_maintain_folds_only_the_rows_committed_since(
     want = _expected(log)
     counts = _scanned_rows(monkeypatch)
     assert open_log(tmp_path, "cold").usage() == want
-    assert counts == [2]  # the two usage rows after the projection, nothing before it
+    assert counts == [4]  # the four rows committed after the projection (two of them usage), none before
     counts.clear()
     fresh = open_log(tmp_path, "cold")
     fresh.maintain()
@@ -250,3 +250,20 @@ def test_an_unusable_projection_is_ignored(tmp_path: Path) -> None:
     log.maintain()  # written again from the whole log
     assert usage_projection.open_usage_projection(log) is not None
     assert open_log(tmp_path, "odd").usage() == want
+
+
+def test_a_long_tail_and_many_copies_take_the_scanning_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the thresholds at 0: the rows after the projection are filtered by Lance, and copies are
+    # recognised by one scan of the usage rows' ids instead of an IN list
+    monkeypatch.setattr(usage_projection, "_TAIL_ROWS_READ_WHOLE", 0)
+    monkeypatch.setattr(usage_projection, "_MAX_LISTED_IDS", 0)
+    log = open_log(tmp_path, "long")
+    created: set[int] = set()
+    _write(log, "w1", [("done", n, n) for n in range(8)] + [("failed", 1, 3), ("bare", 2, 4)], created)
+    log.maintain()
+    _write(log, "w2", [("done", 9, 5), ("transient", 10, 6), ("plain", 3, 0)], created)
+    _land_again(log, raw_events(log))
+    _check(log, "long tail")
+    log.maintain()
+    _write(log, "w1", [("failed", 11, 7)], created)
+    _check(log, "after a second maintenance")
