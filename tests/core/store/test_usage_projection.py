@@ -267,3 +267,20 @@ def test_a_long_tail_and_many_copies_take_the_scanning_paths(tmp_path: Path, mon
     log.maintain()
     _write(log, "w1", [("failed", 11, 7)], created)
     _check(log, "after a second maintenance")
+
+
+def test_a_log_without_usage_reads_nothing_for_it_after_maintain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_datagen.core.fold.usage import empty_usage
+
+    log = open_log(tmp_path, "plain")
+    _write(log, "w1", [("plain", n, n) for n in range(20)] + [("bare", 3, 1)], set())
+    assert log.maintain()["projected_usage_rows"] == 0
+    stored = usage_projection.open_usage_projection(log)
+    assert stored is not None and stored.dataset.count_rows() == 0
+    counts = _scanned_rows(monkeypatch)
+    fresh = open_log(tmp_path, "plain")
+    assert fresh.usage() == empty_usage()
+    assert fresh.summary()["usage"] == empty_usage()
+    assert counts == []  # neither the usage rows nor the states: both projections cover the log
