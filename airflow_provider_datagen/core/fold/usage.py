@@ -198,6 +198,10 @@ def _unique_rows(table: pa.Table) -> pa.Table:
     """One row per ``event_id`` (copies of a retried batch are identical in what this fold reads)."""
     if table.num_rows < 2:
         return table
+    if "event_key" in table.column_names:  # equal ids have equal keys: distinct keys, no copy
+        keys = np.sort(table["event_key"].to_numpy())
+        if not (keys[1:] == keys[:-1]).any():
+            return table
     encoded = pc.dictionary_encode(table["event_id"]).combine_chunks()
     if len(encoded.dictionary) == table.num_rows:  # the usual case: no copy, nothing to sort
         return table
@@ -205,9 +209,22 @@ def _unique_rows(table: pa.Table) -> pa.Table:
     return table.take(pa.array(np.sort(first)))
 
 
+def _json_lines(values: pa.ChunkedArray) -> bytes:
+    """The values one per line (a null as ``{}``), from Arrow's buffers: no Python string per row."""
+    parts = []
+    for chunk in values.chunks:
+        if len(chunk):
+            lines = pc.binary_join_element_wise(pc.fill_null(chunk, "{}"), "", "\n")  # each value, then "\n"
+            _, offsets, data = lines.buffers()
+            width = np.int64 if pa.types.is_large_string(lines.type) else np.int32
+            at = np.frombuffer(offsets, dtype=width)[lines.offset : lines.offset + len(lines) + 1]
+            parts.append(memoryview(data)[int(at[0]) : int(at[-1])])
+    return b"".join(parts)
+
+
 def _entries(table: pa.Table) -> tuple[pa.StructArray, np.ndarray]:
     """Every stored entry of ``table``'s rows, and the row each came from."""
-    data = "\n".join(t or "{}" for t in table["value_json"].to_pylist()).encode("utf-8")
+    data = _json_lines(table["value_json"])
     parsed = pa_json.read_json(
         io.BytesIO(data),
         read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(data) // 8 + 1)),
@@ -251,7 +268,10 @@ def entries_of_table(table: pa.Table) -> pa.Table:
     parsed by pyarrow's JSON reader, no Python per row.
     """
     if table.num_rows:
-        table = _unique_rows(table.filter(usage_rows_mask(table)))
+        mask = usage_rows_mask(table)
+        if pc.all(mask, skip_nulls=False).as_py() is not True:  # copying a million rows to drop none costs a second
+            table = table.filter(mask)
+        table = _unique_rows(table)
     if table.num_rows == 0:  # no usage (the usual read after a projection): nothing to parse
         return (
             _ENTRIES.empty_table() if "event_key" in table.column_names else _ENTRIES.empty_table().drop(["event_key"])
