@@ -8,7 +8,8 @@ budget re-reads the log's spend often. A fresh object starts from the usage proj
 ``maintain()`` stores (``usage_projection.py``) and scans only the rows committed after it. The
 budget a plan or map task set is a one-row Lance dataset beside the log (``budget.lance``),
 overwritten when a task sets another: not an event, because a budget is a setting of the experiment,
-not something that happened to an item, and the UI reads it without folding anything. See docs/adr/0011-usage-ledger.md.
+not something that happened to an item, and the UI reads it without folding anything. See
+docs/adr/0011-usage-ledger.md.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class UsageMemo:
     """The usage sums of a log up to a version, kept by the log object so the next read folds only what is new.
 
     ``keys`` are the event keys of the usage rows already summed: a copy of one of them landing
-    later (a batch retried after it landed) is not summed again (see ``usage_projection.rows_since``).
+    later (a batch retried after it landed) is not summed again (see ``usage_projection.without_copies``).
     """
 
     version: int
