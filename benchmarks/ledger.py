@@ -14,8 +14,10 @@ Run alone: ``python -m benchmarks.ledger [--quick]``; ``python -m benchmarks.run
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,41 +102,127 @@ def _median(fn: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
-def bench_usage(tmp: Path, quick: bool) -> dict[str, Any]:
+def _cold(root: Path, experiment: str, call: str, repeats: int = 3) -> float:
+    """Median seconds of one ``call`` in a fresh process each time (no fold or usage memo, no import cost)."""
+    times = []
+    env = dict(os.environ, PYTHONPATH=str(REPO), RUST_LOG="error")
+    for _ in range(repeats):
+        cmd = [sys.executable, "-m", "benchmarks.ledger", "--cold", call, "--root", str(root)]
+        cmd += ["--experiment", experiment]
+        out = subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True)
+        times.append(float(out.stdout.decode().strip().splitlines()[-1]))
+    return statistics.median(times)
+
+
+def _cold_worker(args: argparse.Namespace) -> int:
     from airflow_provider_datagen.core import CheckpointLog
 
+    log = CheckpointLog.open(args.root, pipeline="bench", experiment=args.experiment, auto_maintain_fragments=None)
+    name, _, arg = args.cold.partition(":")
+    fn = {"usage": log.usage, "states": log.states, "summary": log.summary}.get(name)
+    t = time.perf_counter()
+    fn() if fn is not None else log.item_usage(arg)
+    print(time.perf_counter() - t)
+    return 0
+
+
+def bench_usage(tmp: Path, quick: bool) -> dict[str, Any]:
+    from airflow_provider_datagen.core import CheckpointLog, run_items
+    from airflow_provider_datagen.core.store import usage_projection
+    from airflow_provider_datagen.core.store.paths import usage_projection_uri
+
     n = 100_000 if quick else 1_000_000
+    root = tmp / "ledger"
     log = CheckpointLog.open(
-        tmp / "ledger", pipeline="bench", experiment="usage", auto_maintain_fragments=None, remember_fold=False
+        root, pipeline="bench", experiment="usage", auto_maintain_fragments=None, remember_fold=False
     )
     events = _usage_log(log, n)
     usage = log.usage()
     assert usage["calls"] == n + len(range(0, n, 20)), usage["calls"]
-    row: dict[str, Any] = {"items": n, "events": events, "calls": usage["calls"]}
+    row: dict[str, Any] = {"items": n, "events": events, "calls": usage["calls"], "load_before": os.getloadavg()}
+    # before maintain(): no projection, so every read folds every usage row (the old cold read)
     row["usage_s_before_maintain"] = _median(log.usage, 3)
     row["states_s_before_maintain"] = _median(log.states, 3)
-    log.maintain()
-    row["usage_s_after_maintain"] = _median(log.usage, 3)
-    row["states_s_after_maintain"] = _median(log.states, 3)
+    t = time.perf_counter()
+    report = log.maintain()
+    row["maintain_s"] = time.perf_counter() - t
+    row["projected_usage_rows"] = report["projected_usage_rows"]
+    # what maintain() pays for the projection when none is stored yet (the whole log's usage rows)
+    ds = log._dataset()
+    shutil.rmtree(usage_projection_uri(log.uri))
+    t = time.perf_counter()
+    usage_projection.write_usage_projection(log, ds, dt.timedelta(hours=1))
+    row["usage_projection_write_s_from_scratch"] = time.perf_counter() - t
     assert log.usage() == usage
+    # after maintain(), each read in a fresh process (no memo): the projection plus an empty tail
+    row["usage_s_after_maintain_cold_process"] = _cold(root, "usage", "usage")
+    row["states_s_after_maintain_cold_process"] = _cold(root, "usage", "states")
+    row["summary_s_after_maintain_cold_process"] = _cold(root, "usage", "summary")
+    row["item_usage_s_after_maintain_cold_process"] = _cold(root, "usage", "item_usage:item-0000500")
+    row["usage_s_after_maintain_same_process"] = _median(log.usage, 3)
+    # 100 more items after the projection: their rows are the tail a read folds
+    warm = CheckpointLog.open(root, pipeline="bench", experiment="usage", auto_maintain_fragments=None)
+    warm.usage()
+    run_items(warm, [{"id": f"new-{k}"} for k in range(100)], _paid, epoch=2)
+    row["usage_s_after_maintain_and_100_items_cold_process"] = _cold(root, "usage", "usage")
+    row["states_s_after_maintain_and_100_items_cold_process"] = _cold(root, "usage", "states")
+    assert CheckpointLog.open(root, pipeline="bench", experiment="usage").usage()["calls"] == usage["calls"] + 100
     # a log object that remembers its last read (a run's budget re-reads the spend often): after a
     # run of 100 more items, the read folds only their rows
-    from airflow_provider_datagen.core import run_items
-
-    warm = CheckpointLog.open(tmp / "ledger", pipeline="bench", experiment="usage", auto_maintain_fragments=None)
-    warm.usage()
     times = []
     for r in range(3):
-        run_items(warm, [{"id": f"new-{r}-{k}"} for k in range(100)], _paid, epoch=2 + r)
+        run_items(warm, [{"id": f"new-{r}-{k}"} for k in range(100)], _paid, epoch=3 + r)
         t = time.perf_counter()
         warm.usage()
         times.append(time.perf_counter() - t)
     row["usage_s_after_100_more_items_remembered"] = statistics.median(times)
+    row["load_after"] = os.getloadavg()
+    r = {k: v for k, v in row.items() if isinstance(v, float)}
     print(
-        f"   usage() at {n} items / {events} events: {row['usage_s_before_maintain']:.2f} s before maintain() "
-        f"(states() {row['states_s_before_maintain']:.2f} s), {row['usage_s_after_maintain']:.2f} s after "
-        f"(states() {row['states_s_after_maintain']:.2f} s); remembered, after 100 more items: "
-        f"{row['usage_s_after_100_more_items_remembered'] * 1000:.0f} ms",
+        f"   usage() at {n} items / {events} events: {r['usage_s_before_maintain']:.2f} s before maintain() "
+        f"(states() {r['states_s_before_maintain']:.2f} s); after maintain() in a fresh process "
+        f"{r['usage_s_after_maintain_cold_process']:.3f} s "
+        f"(states() {r['states_s_after_maintain_cold_process']:.2f} s, "
+        f"summary() {r['summary_s_after_maintain_cold_process']:.2f} s); after 100 more items "
+        f"{r['usage_s_after_maintain_and_100_items_cold_process']:.3f} s "
+        f"(states() {r['states_s_after_maintain_and_100_items_cold_process']:.2f} s); remembered, after 100 more "
+        f"items: {r['usage_s_after_100_more_items_remembered'] * 1000:.0f} ms; maintain() {r['maintain_s']:.1f} s "
+        f"(its usage projection from scratch {r['usage_projection_write_s_from_scratch']:.1f} s)",
+        flush=True,
+    )
+    return row
+
+
+def bench_no_usage(tmp: Path, quick: bool) -> dict[str, Any]:
+    """``summary()`` of a log that never recorded usage, beside ``states()``: what the usage part adds."""
+    from airflow_provider_datagen.core import CheckpointLog
+    from benchmarks.synth import source_items, synth_events
+
+    n = 100_000 if quick else 1_000_000
+    root = tmp / "no-usage"
+    log = CheckpointLog.open(root, pipeline="bench", experiment="plain", auto_maintain_fragments=None)
+    table = synth_events(source_items(n), 1.0)
+    step = -(-table.num_rows // 20)
+    for start in range(0, table.num_rows, step):
+        log._append(table.slice(start, step))
+    row: dict[str, Any] = {"items": n, "events": table.num_rows, "load_before": os.getloadavg()}
+    row["states_s_before_maintain_cold_process"] = _cold(root, "plain", "states")
+    row["summary_s_before_maintain_cold_process"] = _cold(root, "plain", "summary")
+    row["usage_s_before_maintain_cold_process"] = _cold(root, "plain", "usage")
+    log.maintain()
+    row["states_s_after_maintain_cold_process"] = _cold(root, "plain", "states")
+    row["summary_s_after_maintain_cold_process"] = _cold(root, "plain", "summary")
+    row["usage_s_after_maintain_cold_process"] = _cold(root, "plain", "usage")
+    row["load_after"] = os.getloadavg()
+    r = {k: v for k, v in row.items() if isinstance(v, float)}
+    print(
+        f"   no usage, {n} items / {table.num_rows} events, fresh processes: before maintain() states() "
+        f"{r['states_s_before_maintain_cold_process']:.2f} s, "
+        f"summary() {r['summary_s_before_maintain_cold_process']:.2f} s, "
+        f"usage() {r['usage_s_before_maintain_cold_process']:.2f} s; after: states() "
+        f"{r['states_s_after_maintain_cold_process']:.2f} s, "
+        f"summary() {r['summary_s_after_maintain_cold_process']:.2f} s, "
+        f"usage() {r['usage_s_after_maintain_cold_process']:.3f} s",
         flush=True,
     )
     return row
@@ -220,13 +308,19 @@ def bench_overshoot(tmp: Path, quick: bool) -> list[dict[str, Any]]:
 
 
 def bench_ledger(tmp: Path, quick: bool) -> dict[str, Any]:
-    return {"usage": bench_usage(tmp, quick), "overshoot": bench_overshoot(tmp, quick)}
+    return {
+        "usage": bench_usage(tmp, quick),
+        "no_usage": bench_no_usage(tmp, quick),
+        "overshoot": bench_overshoot(tmp, quick),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ledger")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", choices=["usage", "overshoot"])
+    p.add_argument("--only", choices=["usage", "no_usage", "overshoot"])
+    p.add_argument("--cold", help=argparse.SUPPRESS)
+    p.add_argument("--experiment", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--root")
     p.add_argument("--task", type=int, default=0)
@@ -239,13 +333,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return _worker(args)
+    if args.cold:
+        return _cold_worker(args)
     tmp = Path(tempfile.mkdtemp(prefix="datagen-ledger-"))
-    if args.only == "usage":
-        out: Any = bench_usage(tmp, args.quick)
-    elif args.only == "overshoot":
-        out = bench_overshoot(tmp, args.quick)
-    else:
-        out = bench_ledger(tmp, args.quick)
+    try:
+        if args.only == "usage":
+            out: Any = bench_usage(tmp, args.quick)
+        elif args.only == "no_usage":
+            out = bench_no_usage(tmp, args.quick)
+        elif args.only == "overshoot":
+            out = bench_overshoot(tmp, args.quick)
+        else:
+            out = bench_ledger(tmp, args.quick)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(out, indent=2))
     return 0
 

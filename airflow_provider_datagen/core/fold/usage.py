@@ -198,16 +198,33 @@ def _unique_rows(table: pa.Table) -> pa.Table:
     """One row per ``event_id`` (copies of a retried batch are identical in what this fold reads)."""
     if table.num_rows < 2:
         return table
-    codes = pc.dictionary_encode(table["event_id"]).combine_chunks().indices.to_numpy(zero_copy_only=False)
-    _, first = np.unique(codes, return_index=True)
-    if len(first) == table.num_rows:
+    if "event_key" in table.column_names:  # equal ids have equal keys: distinct keys, no copy
+        keys = np.sort(table["event_key"].to_numpy())
+        if not (keys[1:] == keys[:-1]).any():
+            return table
+    encoded = pc.dictionary_encode(table["event_id"]).combine_chunks()
+    if len(encoded.dictionary) == table.num_rows:  # the usual case: no copy, nothing to sort
         return table
+    _, first = np.unique(encoded.indices.to_numpy(zero_copy_only=False), return_index=True)
     return table.take(pa.array(np.sort(first)))
+
+
+def _json_lines(values: pa.ChunkedArray) -> bytes:
+    """The values one per line (a null as ``{}``), from Arrow's buffers: no Python string per row."""
+    parts = []
+    for chunk in values.chunks:
+        if len(chunk):
+            lines = pc.binary_join_element_wise(pc.fill_null(chunk, "{}"), "", "\n")  # each value, then "\n"
+            _, offsets, data = lines.buffers()
+            width = np.int64 if pa.types.is_large_string(lines.type) else np.int32
+            at = np.frombuffer(offsets, dtype=width)[lines.offset : lines.offset + len(lines) + 1]
+            parts.append(memoryview(data)[int(at[0]) : int(at[-1])])
+    return b"".join(parts)
 
 
 def _entries(table: pa.Table) -> tuple[pa.StructArray, np.ndarray]:
     """Every stored entry of ``table``'s rows, and the row each came from."""
-    data = "\n".join(t or "{}" for t in table["value_json"].to_pylist()).encode("utf-8")
+    data = _json_lines(table["value_json"])
     parsed = pa_json.read_json(
         io.BytesIO(data),
         read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(data) // 8 + 1)),
@@ -229,40 +246,72 @@ def usage_rows_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
     return pc.and_(keep, pc.and_(pc.starts_with(value, "{"), pc.match_substring(value, '"usage"')))
 
 
+#: the columns a usage projection groups by, and the sums of a :data:`Sums` list in order
+GROUP_COLUMNS = ("writer_id", "writer_epoch", "model")
+SUM_COLUMNS = (*_COUNTS, "nanos", "failed_nanos")
+_ENTRIES = pa.schema(
+    [
+        ("writer_id", pa.string()),
+        ("writer_epoch", pa.int64()),
+        ("model", pa.string()),
+        *[(name, pa.int64()) for name in SUM_COLUMNS],
+        ("event_key", pa.int64()),
+    ]
+)
+
+
+def entries_of_table(table: pa.Table) -> pa.Table:
+    """One row per stored usage entry of ``table``'s rows (:data:`USAGE_COLUMNS`, any rows).
+
+    Columns: :data:`GROUP_COLUMNS`, :data:`SUM_COLUMNS`, and ``event_key`` when ``table`` has it
+    (the row each entry came from). One copy per ``event_id`` within ``table``; the entries are
+    parsed by pyarrow's JSON reader, no Python per row.
+    """
+    if table.num_rows:
+        mask = usage_rows_mask(table)
+        if pc.all(mask, skip_nulls=False).as_py() is not True:  # copying a million rows to drop none costs a second
+            table = table.filter(mask)
+        table = _unique_rows(table)
+    if table.num_rows == 0:  # no usage (the usual read after a projection): nothing to parse
+        return (
+            _ENTRIES.empty_table() if "event_key" in table.column_names else _ENTRIES.empty_table().drop(["event_key"])
+        )
+    entries, parents = _entries(table)
+    cost = entries.field("cost_usd").fill_null(0.0).to_numpy(zero_copy_only=False)
+    nanos = np.rint(cost * NANOS).astype(np.int64)
+    failed_rows = pc.equal(table["event_type"], EventType.FAILED.value).to_numpy(zero_copy_only=False)
+    parent_idx = pa.array(parents, pa.int64())
+    columns = {
+        "writer_id": table["writer_id"].take(parent_idx),
+        "writer_epoch": table["writer_epoch"].take(parent_idx).cast(pa.int64()),
+        "model": entries.field("model"),
+        **{k: pc.fill_null(entries.field(k), 0) for k in _COUNTS},
+        "nanos": pa.array(nanos, pa.int64()),
+        "failed_nanos": pa.array(np.where(failed_rows[parents], nanos, 0), pa.int64()),
+    }
+    if "event_key" in table.column_names:
+        columns["event_key"] = table["event_key"].take(parent_idx)
+    return pa.table(columns)
+
+
+def sums_of_entries(entries: pa.Table) -> Sums:
+    """Per-writer sums of :func:`entries_of_table`'s rows (grouped aggregates)."""
+    if entries.num_rows == 0:
+        return {}
+    grouped = entries.group_by(list(GROUP_COLUMNS)).aggregate([(k, "sum") for k in SUM_COLUMNS]).to_pydict()
+    return {
+        (w, int(e), m): [int(grouped[f"{k}_sum"][i]) for k in SUM_COLUMNS]
+        for i, (w, e, m) in enumerate(zip(grouped["writer_id"], grouped["writer_epoch"], grouped["model"]))
+    }
+
+
 def sums_of_table(table: pa.Table) -> Sums:
     """Per-writer sums of the usage entries of ``table``'s rows (:data:`USAGE_COLUMNS`, any rows).
 
     One copy per ``event_id`` within ``table``; the entries are parsed by pyarrow's JSON reader and
     summed with grouped aggregates, no Python per row.
     """
-    if table.num_rows:
-        table = _unique_rows(table.filter(usage_rows_mask(table)))
-    if table.num_rows == 0:
-        return {}
-    entries, parents = _entries(table)
-    if len(entries) == 0:
-        return {}
-    cost = entries.field("cost_usd").fill_null(0.0).to_numpy(zero_copy_only=False)
-    nanos = np.rint(cost * NANOS).astype(np.int64)
-    failed_rows = pc.equal(table["event_type"], EventType.FAILED.value).to_numpy(zero_copy_only=False)
-    parent_idx = pa.array(parents)
-    flat = pa.table(
-        {
-            "writer_id": table["writer_id"].take(parent_idx),
-            "writer_epoch": table["writer_epoch"].take(parent_idx),
-            "model": entries.field("model"),
-            **{k: pc.fill_null(entries.field(k), 0) for k in _COUNTS},
-            "nanos": pa.array(nanos),
-            "failed": pa.array(np.where(failed_rows[parents], nanos, 0)),
-        }
-    )
-    keys = ["writer_id", "writer_epoch", "model"]
-    values = (*_COUNTS, "nanos", "failed")
-    grouped = flat.group_by(keys).aggregate([(k, "sum") for k in values]).to_pydict()
-    return {
-        (w, int(e), m): [int(grouped[f"{k}_sum"][i]) for k in values]
-        for i, (w, e, m) in enumerate(zip(grouped["writer_id"], grouped["writer_epoch"], grouped["model"]))
-    }
+    return sums_of_entries(entries_of_table(table))
 
 
 def usage_of_table(table: pa.Table, *, exclude_writer: tuple[str, int] | None = None) -> dict[str, Any]:

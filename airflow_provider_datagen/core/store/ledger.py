@@ -4,10 +4,12 @@ Usage lives in the value of the STEP_COMPLETED and FAILED rows that end attempts
 ``core/fold/usage.py``); a read scans only those rows that carry a value, so a log without usage
 costs one pass over two light columns. The sums are remembered by the log object (unless it was
 opened with ``remember_fold=False``), so the next read scans only the rows committed since: a run's
-budget re-reads the log's spend often. The budget a plan or map task set is a one-row Lance dataset
-beside the log (``budget.lance``), overwritten when a task sets another: not an event, because a
-budget is a setting of the experiment, not something that happened to an item, and the UI reads it
-without folding anything. See docs/adr/0011-usage-ledger.md.
+budget re-reads the log's spend often. A fresh object starts from the usage projection that
+``maintain()`` stores (``usage_projection.py``) and scans only the rows committed after it. The
+budget a plan or map task set is a one-row Lance dataset beside the log (``budget.lance``),
+overwritten when a task sets another: not an event, because a budget is a setting of the experiment,
+not something that happened to an item, and the UI reads it without folding anything. See
+docs/adr/0011-usage-ledger.md.
 """
 
 from __future__ import annotations
@@ -17,24 +19,26 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 
 from airflow_provider_datagen.core.fold.usage import (
-    USAGE_COLUMNS,
     Sums,
     add_sums,
     attempts_of_events,
+    entries_of_table,
     spend_of_sums,
-    sums_of_table,
+    sums_of_entries,
     usage_of_events,
     usage_of_sums,
 )
 from airflow_provider_datagen.core.ids import parent_of
-from airflow_provider_datagen.core.store import lance_io
+from airflow_provider_datagen.core.store import lance_io, usage_projection
 from airflow_provider_datagen.core.store.paths import budget_uri
+from airflow_provider_datagen.core.store.usage_projection import KeySet, UsageAt
 
 if TYPE_CHECKING:
+    import lance
+
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
 logger = logging.getLogger(__name__)
@@ -49,56 +53,61 @@ _BUDGET_SCHEMA = pa.schema(
 NO_BUDGET = {"budget_usd": None, "budget_tokens": None}
 #: tries at recording a budget when concurrent tasks' writes conflict
 _BUDGET_WRITE_ATTEMPTS = 5
-_USAGE_FILTER = "event_type IN ('STEP_COMPLETED', 'FAILED') AND value_kind IS NOT NULL"
 
 
 @dataclass(frozen=True)
 class UsageMemo:
     """The usage sums of a log up to a version, kept by the log object so the next read folds only what is new.
 
-    ``keys`` (sorted) are the event keys already summed: a copy of one of them landing later (a batch
-    retried after it landed) is not summed again. A key is the first 64 bits of the event id, so
-    across two reads a copy is recognised by its key; within one read, by its full id.
+    ``keys`` are the event keys of the usage rows already summed: a copy of one of them landing
+    later (a batch retried after it landed) is not summed again (see ``usage_projection.without_copies``).
     """
 
     version: int
     token: Any
     sums: Sums
-    keys: np.ndarray
+    keys: KeySet
+
+
+def _memo_base(log: CheckpointLog, ds: lance.LanceDataset) -> UsageAt | None:
+    memo: UsageMemo | None = log._usage_memo
+    if (
+        memo is None
+        or memo.token is None
+        or memo.version > int(ds.version)
+        or not lance_io.row_versions(ds)
+        or memo.token != lance_io.version_token(log.uri, memo.version, ds)
+    ):
+        return None
+    return UsageAt(memo.version, memo.sums, memo.keys)
 
 
 def _sums(log: CheckpointLog) -> Sums:
-    """The log's usage sums per writer, from the memo plus the rows committed since when it can."""
+    """The log's usage sums per writer: this object's last read, else the usage projection, plus the
+    rows committed since; the whole log when neither is usable."""
     ds = log._dataset()
     if ds is None:
         return {}
     version = int(ds.version)
-    memo: UsageMemo | None = log._usage_memo
-    base = None
-    if (
-        memo is not None
-        and memo.version <= version
-        and memo.token is not None
-        and lance_io.row_versions(ds)
-        and memo.token == lance_io.version_token(log.uri, memo.version, ds)
-    ):
-        base = memo
+    base = _memo_base(log, ds)
     if base is not None and base.version == version:
         return base.sums
-    where = _USAGE_FILTER if base is None else f"{_USAGE_FILTER} AND _row_created_at_version > {base.version}"
-    rows = log._scan_ds(ds, [*USAGE_COLUMNS, "event_key"], where)
-    keys = rows["event_key"].to_numpy()
-    if base is not None and len(keys):
-        fresh = ~np.isin(keys, base.keys)
-        if not fresh.all():
-            rows, keys = rows.filter(pa.array(fresh)), keys[fresh]
-    sums = sums_of_table(rows)
+    if base is None and (stored := usage_projection.usable_projection(log, ds)) is not None:
+        rows = usage_projection.rows_after(log, ds, stored.log_version)
+        # the keys only matter for copies among the rows after it, or for a memo to keep
+        base = usage_projection.load(log, stored, keys=log.remember_fold or rows.num_rows > 0)
+        if base is None:
+            rows = usage_projection.rows_after(log, ds, None)
+    else:
+        rows = usage_projection.rows_after(log, ds, None if base is None else base.version)
+    entries = entries_of_table(usage_projection.without_copies(log, ds, rows, base))
+    sums = sums_of_entries(entries)
     if base is not None:
         sums = add_sums({k: list(v) for k, v in base.sums.items()}, sums)
-        keys = np.concatenate([base.keys, keys])
     if log.remember_fold:
+        known = base.keys if base is not None and base.keys is not None else KeySet()
         token = lance_io.version_token(log.uri, version, ds)
-        log._usage_memo = UsageMemo(version, token, sums, np.unique(keys))
+        log._usage_memo = UsageMemo(version, token, sums, known.plus(entries["event_key"].to_numpy()))
     return sums
 
 

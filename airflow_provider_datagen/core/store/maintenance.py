@@ -1,8 +1,8 @@
-"""Maintenance of a log: compaction, scalar indices, cleanup and the state projection, under a lease.
+"""Maintenance of a log: compaction, scalar indices, cleanup and the state and usage projections, under a lease.
 
 Many small appends make many fragments, and an index does not cover fragments appended after it
 was built, so one maintenance worker per experiment at a time compacts, refreshes the indices,
-drops old versions and stores the state projection; it never loses an event written concurrently
+drops old versions and stores the state and usage projections; it never loses an event written concurrently
 (see docs/design.md, "Mapping onto Lance"). A planner also stores its fold as the projection here,
 under the same lease.
 """
@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_datagen.core.store import lance_io, projection
+from airflow_provider_datagen.core.store import lance_io, projection, usage_projection
 from airflow_provider_datagen.core.store.lease import lease_for
 from airflow_provider_datagen.core.store.paths import LEASE_FILE, LEASE_OBJECT, experiment_uri, is_local
 
@@ -90,9 +90,11 @@ def maintain(log: CheckpointLog, *, cleanup_older_than: dt.timedelta, target_row
         ds = log._dataset()
         assert ds is not None
         projected = projection.write_projection(log, ds, cleanup_older_than)
+        usage_rows = usage_projection.write_usage_projection(log, ds, cleanup_older_than)
         return {
             "skipped": False,
             "projected_items": projected,
+            "projected_usage_rows": usage_rows,
             "fragments_before": before,
             "fragments_after": len(ds.get_fragments()),
             "version": int(ds.version),

@@ -22,6 +22,8 @@ SNAPSHOTS_DIR = "sources"
 BUDGET_DIR = "budget.lance"
 #: the source the last plan read (core/store/source_ref.py): one row, overwritten by each plan
 SOURCE_REF_DIR = "source.lance"
+#: the disposable usage projection (the usage ledger's sums at a log version, core/store/usage_projection.py)
+USAGE_DIR = "usage.lance"
 LEASE_FILE = ".maintenance.lock"
 #: The maintenance lease on an object store (an object, see core/store/lease.py).
 LEASE_OBJECT = ".maintenance.lease"
@@ -60,6 +62,11 @@ def budget_uri(log_uri: str) -> str:
 def source_ref_uri(log_uri: str) -> str:
     """The URI of the record of the source the experiment's last plan read (see :data:`SOURCE_REF_DIR`)."""
     return f"{experiment_uri(log_uri)}/{SOURCE_REF_DIR}"
+
+
+def usage_projection_uri(log_uri: str) -> str:
+    """The URI of the usage projection of the log at ``log_uri`` (see :data:`USAGE_DIR`)."""
+    return f"{experiment_uri(log_uri)}/{USAGE_DIR}"
 
 
 def snapshot_uri(log_uri: str, digest: str) -> str:

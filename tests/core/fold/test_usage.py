@@ -82,16 +82,19 @@ def logs(draw: st.DrawFn) -> list[Event]:
     return events + again
 
 
-def _table(events: list[Event]) -> pa.Table:
+def _table(events: list[Event], *, keys: bool = False) -> pa.Table:
+    """The fold's columns of ``events``; with ``keys``, also ``event_key`` (as a store scan reads it)."""
+    columns = [*USAGE_COLUMNS, "event_key"] if keys else list(USAGE_COLUMNS)
     return pa.table(
         {
+            "event_key": pa.array([e.event_key for e in events], pa.int64()),
             "event_id": pa.array([e.event_id for e in events], pa.string()),
             "event_type": pa.array([e.event_type.value for e in events], pa.string()),
             "value_json": pa.array([e.value_json for e in events], pa.string()),
             "writer_id": pa.array([e.writer_id for e in events], pa.string()),
             "writer_epoch": pa.array([e.writer_epoch for e in events], pa.int64()),
         }
-    ).select(list(USAGE_COLUMNS))
+    ).select(columns)
 
 
 @settings(max_examples=150, deadline=None)
@@ -100,6 +103,7 @@ def test_the_vectorized_fold_equals_the_reference_fold(events: list[Event], rnd:
     shuffled = list(events)
     rnd.shuffle(shuffled)
     assert usage_of_table(_table(shuffled)) == usage_of_events(events)
+    assert usage_of_table(_table(shuffled, keys=True)) == usage_of_events(events)
 
 
 @settings(max_examples=60, deadline=None)

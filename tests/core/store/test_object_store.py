@@ -348,3 +348,30 @@ def test_folds_are_remembered_and_stored_on_s3_and_a_log_written_again_is_never_
     log._ds = None  # as a new process at the same version numbers would open it
     assert log.states().sort_by("item_id").to_pylist() == folded(other)
     assert {r["status"] for r in log.states().to_pylist()} == {"running"}
+
+
+def test_the_usage_projection_is_stored_and_read_on_s3(moto_endpoint: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``maintain()`` stores the usage projection beside the log on S3; a fresh object reads it and the tail."""
+    from airflow_provider_datagen.core.fold.usage import empty_usage
+    from airflow_provider_datagen.core.store import usage_projection
+    from tests._support.engine import raw_events
+    from tests.core.store.test_usage_projection import _expected, _land_again, _write
+
+    options = {k: str(v).lower() if isinstance(v, bool) else v for k, v in _options(moto_endpoint).items()}
+
+    def opened() -> CheckpointLog:
+        return CheckpointLog.open(f"s3://{BUCKET}/usage", pipeline="p", experiment="e", storage_options=options)
+
+    log = opened()
+    created: set[int] = set()
+    _write(log, "w1", [("done", n, n) for n in range(10)] + [("failed", 1, 2)], created)
+    with caplog.at_level("WARNING", logger=usage_projection.__name__):
+        assert opened().usage() == _expected(log) != empty_usage()  # no projection object yet: no warning
+    assert caplog.records == []
+    report = log.maintain()
+    assert report["projected_usage_rows"] == 3  # one writer epoch, three models
+    _write(log, "w2", [("done", 11, 3), ("transient", 12, 4)], created)
+    _land_again(log, raw_events(log).slice(0, 6))  # a batch landing again after the projection
+    stored = usage_projection.open_usage_projection(opened())
+    assert stored is not None and stored.log_version == report["version"] < log.version
+    assert opened().usage() == _expected(log)
