@@ -194,6 +194,7 @@ def test_next_run_counts_what_the_log_knows(client: TestClient, timed_log: Check
         "source": None,
         "classes": None,
         "unreachable": None,
+        "not_classified": None,
     }
 
 
