@@ -9,6 +9,7 @@ about one (missing, unreadable, another schema, not provably of this log) means 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -19,6 +20,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_batches, fold_table
 from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, LIGHT_COLUMNS
+from airflow_provider_datagen.core.status import Tally, tally
 from airflow_provider_datagen.core.store import lance_io
 from airflow_provider_datagen.core.store.paths import is_local
 from airflow_provider_datagen.exceptions import LogCorruptedError, MisalignedStreamsError
@@ -32,6 +34,13 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
 logger = logging.getLogger(__name__)
+
+#: The projection's metadata key holding the :class:`~airflow_provider_datagen.core.status.Tally` of its rows.
+TALLY_KEY = "tally"
+#: Failed ids the stored tally lists: a status stays exact until this many of them are no longer failed.
+TALLY_FAILED_IDS = 1000
+#: Above this many ids, :func:`states_of` takes their rows from the whole fold.
+STATES_OF_MAX = 1 << 16
 
 
 class FoldMemo(NamedTuple):
@@ -97,6 +106,26 @@ def states_at(
             kept = table.filter(pc.invert(pc.is_in(table["item_id"], value_set=touched)))
             return pa.concat_tables([kept, fold_table(events)]), None
     return fold_scan(log, ds, ids)
+
+
+def states_of(log: CheckpointLog, ids: pa.Array | Sequence[str]) -> pa.Table:
+    """The rows of ``log.states()`` for ``ids`` (unique) alone, a row for each that has events.
+
+    The fold is per item, so folding every event of these items alone gives exactly their rows of
+    the whole fold; the scan filters on ``item_id``, which maintenance indexes, so its cost follows
+    the items asked for and the fragments appended since the last maintenance, not the whole log.
+    For more than :data:`STATES_OF_MAX` ids the whole (streamed) fold costs less than holding all
+    their events at once, and their rows are taken from it. The filter is a pyarrow expression:
+    any id is safe in it, and one never written has no row.
+    """
+    wanted = id_array(ids)
+    ds = log._dataset()
+    if ds is None or not len(wanted):
+        return STATE_SCHEMA.empty_table()
+    if len(wanted) > STATES_OF_MAX:
+        table, index = log.states_for(wanted)
+        return table.take(pa.array(index[index >= 0]))
+    return fold_table(log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(wanted)))
 
 
 def fold_scan(
@@ -179,7 +208,12 @@ def store_projection(log: CheckpointLog, table: pa.Table, version: int, cleanup_
     its version to the cleanup just folds the log (the projection is disposable).
     """
     table = table.replace_schema_metadata(
-        {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
+        {
+            "log_version": str(version),
+            "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION),
+            # the status counts of this table, so a status reads only the items changed since
+            TALLY_KEY: tally_json(tally(table, keep=TALLY_FAILED_IDS)),
+        }
     )
     try:
         written = lance_io.overwrite_dataset(table, log.projection_uri, log.storage_options)
@@ -206,3 +240,40 @@ def max_of(col: pa.ChunkedArray | pa.Array) -> int:
     """The largest value of an integer column; 0 when it is empty."""
     top = pc.max(col).as_py() if len(col) else None
     return 0 if top is None else int(top)
+
+
+def tally_json(t: Tally) -> str:
+    """The tally as stored in the projection's metadata."""
+    return json.dumps(
+        {
+            "roots": t.roots,
+            "statuses": dict(t.statuses),
+            "completed_by_version": dict(t.completed_by_version),
+            "failed": t.failed,
+            "failed_ids": list(t.failed_ids),
+            "children": t.children,
+            "violations": t.violations,
+        },
+        sort_keys=True,
+    )
+
+
+def stored_tally(stored: StoredProjection) -> Tally | None:
+    """The tally stored with the projection; None when it has none (written before tallies) or it is unreadable."""
+    raw = (stored.dataset.schema.metadata or {}).get(TALLY_KEY.encode())
+    if raw is None:
+        return None
+    try:
+        d = json.loads(raw)
+        return Tally(
+            roots=int(d["roots"]),
+            statuses={str(k): int(v) for k, v in d["statuses"].items()},
+            completed_by_version={str(k): int(v) for k, v in d["completed_by_version"].items()},
+            failed=int(d["failed"]),
+            failed_ids=tuple(str(i) for i in d["failed_ids"]),
+            children=int(d["children"]),
+            violations=int(d["violations"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        logger.warning("ignoring the stored tally of %s: %s", stored.dataset.uri, exc)
+        return None
