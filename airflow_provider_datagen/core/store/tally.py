@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_datagen.core.fold import fold_table
+from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
 from airflow_provider_datagen.core.schema import LIGHT_COLUMNS, ItemStatus
 from airflow_provider_datagen.core.status import Tally, summary_of, tally
 from airflow_provider_datagen.core.store import lance_io, projection
@@ -58,18 +58,23 @@ def current_tally(log: CheckpointLog, ds: lance.LanceDataset) -> Tally | None:
     base = projection.stored_tally(stored)
     if base is None or stored.log_version == version:
         return base
-    since = log._scan_ds(ds, ["item_id"], f"_row_created_at_version > {stored.log_version}")["item_id"]
-    touched = pc.unique(since)
+    # Light columns of the rows since: the items first seen after the projection are folded from
+    # them alone; only the items it already held need their earlier events too.
+    since = log._scan_ds(ds, LIGHT_COLUMNS, f"_row_created_at_version > {stored.log_version}")
+    touched = pc.unique(since["item_id"])
     if len(touched) == 0:
         return base
     if len(touched) > max(1000, (base.roots + base.children) // 2):
         return None
-    try:
-        old = stored.dataset.to_table(columns=_COLUMNS, filter=pc.field("item_id").isin(touched))
-    except lance_io.LANCE_ERRORS:
+    old = _projection_rows(stored, touched)
+    if old is None:
         return None  # the projection is disposable: a version cleaned up under us means a fold
-    new = fold_table(log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(touched)))
-    changed = base.replaced(tally(old, keep=None), tally(new, keep=None))
+    held = old["item_id"]
+    if len(held):
+        fresh = since.filter(pc.invert(pc.is_in(since["item_id"], value_set=held)))
+        since = pa.concat_tables([fresh, log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(held))])
+    before, after = tally(old, keep=None), tally(fold_table(since), keep=None)
+    changed = base.replaced(before, after)
     if changed is not None:
         return changed
     # the failed ids the projection kept were cleared: list the rest of them from the projection
@@ -87,4 +92,20 @@ def current_tally(log: CheckpointLog, ds: lance.LanceDataset) -> Tally | None:
         children=base.children,
         violations=base.violations,
     )
-    return full.replaced(tally(old, keep=None), tally(new, keep=None))
+    return full.replaced(before, after)
+
+
+def _projection_rows(stored: projection.StoredProjection, ids: pa.Array) -> pa.Table | None:
+    """The projection's rows (:data:`_COLUMNS`) of those of ``ids`` it holds; None when it cannot be read.
+
+    Matched here, not in a Lance filter: Lance tests a list of thousands of ids against every row
+    (200 ms for 10,000 ids over 100,000 rows), a hash set of them costs a few milliseconds.
+    """
+    try:
+        held = stored.dataset.to_table(columns=["item_id"])["item_id"]
+        rows = pc.indices_nonzero(pc.is_in(held, value_set=ids))
+        if not len(rows):
+            return STATE_SCHEMA.empty_table().select(_COLUMNS)
+        return stored.dataset.take(rows, columns=_COLUMNS)
+    except lance_io.LANCE_ERRORS:
+        return None
