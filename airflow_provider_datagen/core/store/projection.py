@@ -39,8 +39,9 @@ logger = logging.getLogger(__name__)
 TALLY_KEY = "tally"
 #: Failed ids the stored tally lists: a status stays exact until this many of them are no longer failed.
 TALLY_FAILED_IDS = 1000
-#: Above this many ids, :func:`states_of` takes their rows from the whole fold.
-STATES_OF_MAX = 1 << 16
+#: Above this many ids, :func:`states_of` takes their rows from the whole fold: at 1M items, 32,000
+#: ids filtered cost 0.7-0.9 s, the fold 0.4 s from the projection and 2.3 s without one.
+STATES_OF_MAX = 1 << 14
 
 
 class FoldMemo(NamedTuple):
