@@ -131,26 +131,6 @@ def test_a_projection_without_a_tally_or_too_many_changes_is_folded(tmp_path: An
     assert fresh.summary() == _folded(tmp_path, "old")
 
 
-def test_a_status_that_folded_stores_its_fold_for_the_next_tasks(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = open_log(tmp_path, "store")
-    run_items(log, make_items(50), failing_on(set(), "flat"), writer_id="w", epoch=1)
-    assert log._projection_version() == 0
-    first = folded_status(open_log(tmp_path, "store"))  # no projection: folds, then stores the fold
-    assert log._projection_version() == log.version
-    assert first["completed"] == 50
-    run_items(log, make_items(60)[50:], failing_on(set(), "flat"), writer_id="w2", epoch=2)
-    new_events = sum(len(log.events(str(i))) for i in range(50, 60))
-    count = ScanCount(monkeypatch)
-    second = folded_status(open_log(tmp_path, "store"))
-    # the next task counted the ten new items from their own events, read once: the rows since
-    assert count.rows == new_events
-    assert second == _folded(tmp_path, "store")
-    assert second["completed"] == 60
-    assert log._projection_version() < log.version
-
-
 def test_the_stored_tally_is_the_tally_of_the_stored_rows(tmp_path: Any) -> None:
     log = open_log(tmp_path, "meta")
     run_items(log, make_items(N), failing_on({"2", "3"}, "flat"), writer_id="w", epoch=1)
