@@ -28,6 +28,8 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
   concurrencies and latencies, and the retry path's cost when nothing fails (benchmarks/concurrency.py).
 * ``ledger``: ``log.usage()`` at N items / ~5N events before and after ``maintain()`` beside ``states()``,
   and a budget's overshoot with 4 concurrent processes (see benchmarks/ledger.py).
+* ``chunk``: what one mapped task pays besides its items (its chunk's states, the closing status) at
+  100k and 1M items, before and after it stopped reading the whole log (see benchmarks/chunk_overhead.py).
 
 Every figure is a median over repeats; ratios compare figures of this run only.
 """
@@ -51,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from benchmarks.chunk_overhead import bench_chunk_overhead
 from benchmarks.concurrency import bench_concurrency
 from benchmarks.fakes import LATENCY_ENV
 from benchmarks.ledger import bench_ledger
@@ -742,7 +745,7 @@ def bench_fanout(tmp: Path, quick: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    all_sections = ["throughput", "plan", "reads", "airflow", "fanout", "concurrency", "ledger"]
+    all_sections = ["throughput", "plan", "reads", "airflow", "fanout", "concurrency", "ledger", "chunk"]
     parser.add_argument("--only", nargs="*", choices=all_sections)
     args = parser.parse_args(argv)
     sections = args.only or all_sections
@@ -763,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
                 "fanout": bench_fanout,
                 "concurrency": bench_concurrency,
                 "ledger": bench_ledger,
+                "chunk": bench_chunk_overhead,
             }
             results[name] = fn[name](tmp, args.quick)
             print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)

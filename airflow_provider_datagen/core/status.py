@@ -8,6 +8,7 @@ view over two columns of the state table, not a status of its own.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -74,6 +75,137 @@ def version_counts(versions: pa.ChunkedArray | pa.Array) -> dict[str, int]:
     return {str(e["values"]): int(e["counts"]) for e in sorted(counts, key=lambda e: str(e["values"]))}
 
 
+@dataclass(frozen=True)
+class Tally:
+    """The counts a ``datagen_status`` is made of, over the items of a state table.
+
+    Every count is a sum over items, so the tally of a log can be updated by the items that changed
+    (:meth:`replaced`) instead of recounted over all of them (see ``core/store/tally.py``).
+    ``failed_ids`` holds the failed root ids in sorted order, all of them or the first ones only
+    (then fewer than ``failed``).
+    """
+
+    roots: int = 0
+    statuses: Mapping[str, int] = field(default_factory=dict)
+    completed_by_version: Mapping[str, int] = field(default_factory=dict)
+    failed: int = 0
+    failed_ids: tuple[str, ...] = ()
+    children: int = 0
+    violations: int = 0
+
+    def replaced(self, old: Tally, new: Tally) -> Tally | None:
+        """This tally with some items' rows ``old`` replaced by ``new`` (both tallied with every failed id).
+
+        None when the failed ids this tally kept no longer cover the first :data:`FAILED_SAMPLE` of
+        the result: the caller reads them again.
+        """
+        gone = set(old.failed_ids)
+        kept = [i for i in self.failed_ids if i not in gone]
+        ids = sorted({*kept, *new.failed_ids})
+        if len(self.failed_ids) < self.failed:
+            # ids past the last one kept may be preceded by failed ids this tally never listed
+            last = self.failed_ids[-1] if self.failed_ids else ""
+            ids = [i for i in ids if i <= last]
+            if len(ids) < FAILED_SAMPLE:
+                return None
+        return Tally(
+            roots=self.roots - old.roots + new.roots,
+            statuses=_plus(self.statuses, old.statuses, new.statuses),
+            completed_by_version=_plus(self.completed_by_version, old.completed_by_version, new.completed_by_version),
+            failed=self.failed - old.failed + new.failed,
+            failed_ids=tuple(ids),
+            children=self.children - old.children + new.children,
+            violations=self.violations - old.violations + new.violations,
+        )
+
+    def joined(self, other: Tally, keep: int | None = FAILED_SAMPLE) -> Tally:
+        """The tally of this tally's items and ``other``'s, listing the first ``keep`` failed ids.
+
+        The two count disjoint items (a state table's batches). Each side lists its own first failed
+        ids, so the first ``keep`` of both are among them.
+        """
+        ids = sorted({*self.failed_ids, *other.failed_ids})
+        return Tally(
+            roots=self.roots + other.roots,
+            statuses=_plus(self.statuses, {}, other.statuses),
+            completed_by_version=_plus(self.completed_by_version, {}, other.completed_by_version),
+            failed=self.failed + other.failed,
+            failed_ids=tuple(ids if keep is None else ids[:keep]),
+            children=self.children + other.children,
+            violations=self.violations + other.violations,
+        )
+
+
+def _plus(base: Mapping[str, int], minus: Mapping[str, int], plus: Mapping[str, int]) -> dict[str, int]:
+    """``base - minus + plus`` per key, zeros dropped, keys sorted (as :func:`version_counts` orders them)."""
+    out = dict(base)
+    for key, n in minus.items():
+        out[key] = out.get(key, 0) - n
+    for key, n in plus.items():
+        out[key] = out.get(key, 0) + n
+    return {key: out[key] for key in sorted(out, key=str) if out[key]}
+
+
+def tally(states: pa.Table, keep: int | None = FAILED_SAMPLE) -> Tally:
+    """The :class:`Tally` of a state table, listing the first ``keep`` failed ids (None: all of them)."""
+    if states.num_rows == 0:
+        return Tally()
+    is_root = pc.equal(pc.count_substring(states["item_id"], "/"), 0)
+    roots = states
+    # no copy of the table when every item is a root (the usual case: a copy is 100 MB per 1M items)
+    if not pc.all(is_root).as_py():
+        roots = states.filter(is_root)
+    statuses: dict[str, int] = {}
+    by_version: dict[str, int] = {}
+    failed_ids: list[str] = []
+    failed = 0
+    if roots.num_rows:
+        statuses = {e["values"]: int(e["counts"]) for e in pc.value_counts(roots["status"]).to_pylist()}
+        if statuses.get(ItemStatus.COMPLETED.value):
+            completed = pc.equal(roots["status"], ItemStatus.COMPLETED.value)
+            by_version = version_counts(pc.filter(roots["processor_version"], completed))
+        ids = pc.filter(roots["item_id"], failed_mask(roots))
+        failed = len(ids)
+        if failed:
+            # Arrow orders strings by their UTF-8 bytes: the code point order sorted() gives
+            ids = pc.take(ids, pc.array_sort_indices(ids))
+            failed_ids = (ids if keep is None else ids[:keep]).to_pylist()
+    return Tally(
+        roots=roots.num_rows,
+        statuses=statuses,
+        completed_by_version=by_version,
+        failed=failed,
+        failed_ids=tuple(failed_ids),
+        children=states.num_rows - roots.num_rows,
+        violations=int(pc.sum(states["violations"]).as_py() or 0),
+    )
+
+
+def summary_of(
+    t: Tally, *, pipeline: str, experiment: str, log_version: int, usage: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``datagen_status`` dict of a :class:`Tally` (see :func:`summarize`)."""
+    counts = {s.value: int(t.statuses.get(s.value, 0)) for s in ItemStatus}
+    values = {
+        "pipeline": pipeline,
+        "experiment": experiment,
+        "total": t.roots,
+        "completed": counts[ItemStatus.COMPLETED.value],
+        "completed_by_version": dict(t.completed_by_version),
+        "filtered": counts[ItemStatus.FILTERED.value],
+        "running": counts[ItemStatus.RUNNING.value],
+        "never_started": counts[ItemStatus.NEVER_STARTED.value],
+        "failed_items": t.failed,
+        "failed_item_ids": list(t.failed_ids[:FAILED_SAMPLE]),
+        "pending": counts[ItemStatus.RUNNING.value] + counts[ItemStatus.NEVER_STARTED.value],
+        "children": t.children,
+        "fencing_violations": t.violations,
+        "log_version": log_version,
+        "usage": dict(usage) if usage is not None else empty_usage(),
+    }
+    return {key: values[key] for key in STATUS_KEYS}
+
+
 def summarize(
     states: pa.Table, *, pipeline: str, experiment: str, log_version: int, usage: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -84,36 +216,4 @@ def summarize(
     the processor version of each item's completing generation, e.g. ``{"v1": 480, "v2": 20}``.
     ``usage`` is the log's usage ledger (``CheckpointLog.usage()``: calls, tokens, cost by model).
     """
-    roots = states
-    if states.num_rows:
-        is_root = pc.equal(pc.count_substring(states["item_id"], "/"), 0)
-        # no copy of the table when every item is a root (the usual case: a copy is 100 MB per 1M items)
-        if not pc.all(is_root).as_py():
-            roots = states.filter(is_root)
-    counts = {s.value: 0 for s in ItemStatus}
-    if roots.num_rows:
-        for entry in pc.value_counts(roots["status"]).to_pylist():
-            counts[entry["values"]] = int(entry["counts"])
-    failed = roots.filter(failed_mask(roots)) if roots.num_rows else roots
-    by_version: dict[str, int] = {}
-    if counts[ItemStatus.COMPLETED.value]:
-        completed = pc.equal(roots["status"], ItemStatus.COMPLETED.value)
-        by_version = version_counts(pc.filter(roots["processor_version"], completed))
-    values = {
-        "pipeline": pipeline,
-        "experiment": experiment,
-        "total": roots.num_rows,
-        "completed": counts[ItemStatus.COMPLETED.value],
-        "completed_by_version": by_version,
-        "filtered": counts[ItemStatus.FILTERED.value],
-        "running": counts[ItemStatus.RUNNING.value],
-        "never_started": counts[ItemStatus.NEVER_STARTED.value],
-        "failed_items": failed.num_rows,
-        "failed_item_ids": sorted(failed["item_id"].to_pylist())[:FAILED_SAMPLE] if failed.num_rows else [],
-        "pending": counts[ItemStatus.RUNNING.value] + counts[ItemStatus.NEVER_STARTED.value],
-        "children": states.num_rows - roots.num_rows,
-        "fencing_violations": int(pc.sum(states["violations"]).as_py() or 0) if states.num_rows else 0,
-        "log_version": log_version,
-        "usage": dict(usage) if usage is not None else empty_usage(),
-    }
-    return {key: values[key] for key in STATUS_KEYS}
+    return summary_of(tally(states), pipeline=pipeline, experiment=experiment, log_version=log_version, usage=usage)

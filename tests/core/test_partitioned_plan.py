@@ -18,7 +18,8 @@ from airflow_provider_datagen.core.fold import fold_table
 from airflow_provider_datagen.core.partitioned_plan import bucket_count, buckets_of, id_hash
 from airflow_provider_datagen.core.planner import plan_resume, status_of
 from airflow_provider_datagen.core.schema import LIGHT_COLUMNS
-from airflow_provider_datagen.core.store import maintenance
+from airflow_provider_datagen.core.status import tally
+from airflow_provider_datagen.core.store import maintenance, projection
 from airflow_provider_datagen.exceptions import InvalidItemError
 from benchmarks.synth import synth_events
 from tests.core.test_streamed_plan import planned_log, source_rows
@@ -161,7 +162,12 @@ def test_a_cold_partitioned_plan_stores_its_fold_as_the_projection(
     fresh = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e", remember_fold=False)
     stored = fresh.states().sort_by("item_id")
     assert stored.num_rows > len(source) * 0.9
-    assert stored.equals(fold_table(fresh._scan(LIGHT_COLUMNS)).sort_by("item_id"))
+    full = fold_table(fresh._scan(LIGHT_COLUMNS)).sort_by("item_id")
+    assert stored.equals(full)
+    # the status counts stored with it (set once the stream is written) are the full fold's
+    written = projection.open_projection(fresh)
+    assert written is not None
+    assert projection.stored_tally(written) == tally(full, keep=projection.TALLY_FAILED_IDS)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])

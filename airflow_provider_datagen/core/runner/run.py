@@ -152,7 +152,8 @@ def run_items(
     pipeline = as_pipeline(process_or_pipeline)
     source = as_source(items, key_field)
     writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
-    states = log.states()
+    # this chunk's items alone: a mapped task never folds the whole log (there may be a thousand of them)
+    states = log.states_of([s.item_id for s in source])
     plan = classify(source, states, processor_version, log.version, redo_completed=redo_completed)
     report = RunReport(skipped=list(plan.skip), plan=plan)
     if budget.is_set:

@@ -41,7 +41,7 @@ from airflow_provider_datagen.core.schema import (
 )
 from airflow_provider_datagen.core.sources import snapshot_digest
 from airflow_provider_datagen.core.status import summarize
-from airflow_provider_datagen.core.store import lance_io, ledger, maintenance, projection
+from airflow_provider_datagen.core.store import lance_io, ledger, maintenance, projection, tally
 from airflow_provider_datagen.core.store.batch import check_item_id
 from airflow_provider_datagen.core.store.paths import is_local, local_path, log_uri, projection_uri, snapshot_uri
 from airflow_provider_datagen.core.store.writer import Committer, LogWriter
@@ -486,6 +486,13 @@ class CheckpointLog:
             index = projection.rows_of(table, projection.id_array(ids))
         return table, index
 
+    def states_of(self, ids: pa.Array | Sequence[str]) -> pa.Table:
+        """The rows of :meth:`states` for ``ids`` (unique) alone: a mapped task's read of its chunk.
+
+        Its cost follows the items asked for, not the log (see ``projection.states_of``).
+        """
+        return projection.states_of(self, ids)
+
     def _states(self, ids: pa.Array | Sequence[str] | None) -> tuple[pa.Table, np.ndarray | None]:
         ds = self._dataset()
         if ds is None:
@@ -544,8 +551,15 @@ class CheckpointLog:
         return projection.projection_version(self)
 
     def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
-        """The ``datagen_status`` dict of this log (see :func:`~airflow_provider_datagen.core.status.summarize`)."""
+        """The ``datagen_status`` dict of this log (see :func:`~airflow_provider_datagen.core.status.summarize`).
+
+        Without ``states``, counted from the state projection and the items changed since when it can
+        be (see :mod:`.tally`), else from :meth:`states`.
+        """
         if states is None:
+            counted = tally.summary(self)  # the projection's counts and the items changed since
+            if counted is not None:
+                return counted
             states = self.states()
         return summarize(
             states, pipeline=self.pipeline, experiment=self.experiment, log_version=self.version, usage=self.usage()

@@ -9,6 +9,7 @@ about one (missing, unreadable, another schema, not provably of this log) means 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -19,6 +20,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_batches, fold_table
 from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, LIGHT_COLUMNS
+from airflow_provider_datagen.core.status import Tally, tally
 from airflow_provider_datagen.core.store import lance_io
 from airflow_provider_datagen.core.store.paths import is_local
 from airflow_provider_datagen.exceptions import LogCorruptedError, MisalignedStreamsError
@@ -32,6 +34,14 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
 logger = logging.getLogger(__name__)
+
+#: The projection's metadata key holding the :class:`~airflow_provider_datagen.core.status.Tally` of its rows.
+TALLY_KEY = "tally"
+#: Failed ids the stored tally lists: a status stays exact until this many of them are no longer failed.
+TALLY_FAILED_IDS = 1000
+#: Above this many ids, :func:`states_of` takes their rows from the whole fold: at 1M items, 32,000
+#: ids filtered cost 0.7-0.9 s, the fold 0.4 s from the projection and 2.3 s without one.
+STATES_OF_MAX = 1 << 14
 
 
 class FoldMemo(NamedTuple):
@@ -97,6 +107,30 @@ def states_at(
             kept = table.filter(pc.invert(pc.is_in(table["item_id"], value_set=touched)))
             return pa.concat_tables([kept, fold_table(events)]), None
     return fold_scan(log, ds, ids)
+
+
+def states_of(log: CheckpointLog, ids: pa.Array | Sequence[str]) -> pa.Table:
+    """The rows of ``log.states()`` for ``ids`` (unique) alone, a row for each that has events.
+
+    The fold is per item, so folding every event of these items alone gives exactly their rows of
+    the whole fold; the scan filters on ``item_id``, which maintenance indexes, so its cost follows
+    the items asked for and the fragments appended since the last maintenance, not the whole log.
+    For more than :data:`STATES_OF_MAX` ids the whole (streamed) fold costs less than holding all
+    their events at once, and their rows are taken from it. The filter is a pyarrow expression:
+    any id is safe in it, and one never written has no row.
+    """
+    wanted = id_array(ids)
+    ds = log._dataset()
+    if ds is None or not len(wanted):
+        return STATE_SCHEMA.empty_table()
+    if len(wanted) > STATES_OF_MAX:
+        table, index = log.states_for(wanted)
+        return table.take(pa.array(index[index >= 0]))
+    # A run never writes into a log another schema version wrote rows to, whichever items they are
+    # of: the rows of any other version are read (and refused) here, a pushdown on one int column
+    # (10-25 ms at 5M events).
+    log._scan_ds(ds, ["schema_version"], f"schema_version != {DATAGEN_SCHEMA_VERSION}")
+    return fold_table(log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(wanted)))
 
 
 def fold_scan(
@@ -271,12 +305,27 @@ def store_projection(
     its version to the cleanup just folds the log (the projection is disposable).
     """
     meta = {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
+    counted: list[Tally] = []
     if isinstance(table, pa.RecordBatchReader):
-        table = pa.RecordBatchReader.from_batches(STATE_SCHEMA.with_metadata(meta), table)
+        # a stream (a partitioned plan's fold) is tallied batch by batch as it is written (its batches
+        # hold disjoint items), and the tally set on the written version's schema afterwards
+        batches = table
+
+        def tallied() -> Iterator[pa.RecordBatch]:
+            total = Tally()
+            for batch in batches:
+                total = total.joined(tally(pa.Table.from_batches([batch]), keep=TALLY_FAILED_IDS), TALLY_FAILED_IDS)
+                yield batch
+            counted.append(total)
+
+        table = pa.RecordBatchReader.from_batches(STATE_SCHEMA.with_metadata(meta), tallied())
     else:
-        table = table.replace_schema_metadata(meta)
+        # the status counts of this table, so a status reads only the items changed since
+        table = table.replace_schema_metadata({**meta, TALLY_KEY: tally_json(tally(table, keep=TALLY_FAILED_IDS))})
     try:
         written = lance_io.overwrite_dataset(table, log.projection_uri, log.storage_options)
+        if counted:  # a new version, the same rows: a reader of the one before finds no tally and counts
+            written.replace_schema_metadata({**meta, TALLY_KEY: tally_json(counted[0])})
         written.cleanup_old_versions(older_than=cleanup_older_than)
     except lance_io.LANCE_ERRORS as exc:
         logger.warning("could not write the state projection of %s: %s", log.uri, str(exc)[:200])
@@ -300,3 +349,40 @@ def max_of(col: pa.ChunkedArray | pa.Array) -> int:
     """The largest value of an integer column; 0 when it is empty."""
     top = pc.max(col).as_py() if len(col) else None
     return 0 if top is None else int(top)
+
+
+def tally_json(t: Tally) -> str:
+    """The tally as stored in the projection's metadata."""
+    return json.dumps(
+        {
+            "roots": t.roots,
+            "statuses": dict(t.statuses),
+            "completed_by_version": dict(t.completed_by_version),
+            "failed": t.failed,
+            "failed_ids": list(t.failed_ids),
+            "children": t.children,
+            "violations": t.violations,
+        },
+        sort_keys=True,
+    )
+
+
+def stored_tally(stored: StoredProjection) -> Tally | None:
+    """The tally stored with the projection; None when it has none (written before tallies) or it is unreadable."""
+    raw = (stored.dataset.schema.metadata or {}).get(TALLY_KEY.encode())
+    if raw is None:
+        return None
+    try:
+        d = json.loads(raw)
+        return Tally(
+            roots=int(d["roots"]),
+            statuses={str(k): int(v) for k, v in d["statuses"].items()},
+            completed_by_version={str(k): int(v) for k, v in d["completed_by_version"].items()},
+            failed=int(d["failed"]),
+            failed_ids=tuple(str(i) for i in d["failed_ids"]),
+            children=int(d["children"]),
+            violations=int(d["violations"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        logger.warning("ignoring the stored tally of %s: %s", stored.dataset.uri, exc)
+        return None

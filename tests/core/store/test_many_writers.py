@@ -310,7 +310,7 @@ def test_an_acknowledged_item_never_looks_pending_again(tmp_path: Path, b_dies_a
     stale_plan = b.states()  # B plans first: x is fresh
     run_items(a, items, counting, writer_id="A", epoch=1)
     assert reader.item_state("x").status.value == "completed"
-    b.states = lambda: stale_plan  # type: ignore[method-assign]
+    b.states_of = lambda ids: stale_plan  # type: ignore[method-assign]  # run_items reads its chunk's states
     original_pull = _Runner.pull
 
     def pull_then_die(self: Any, its: Any) -> None:
