@@ -301,6 +301,36 @@ def overwrite_dataset(
         return lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
 
 
+#: How often a one-row setting beside the log (the budget, the plan's source record) is written
+#: again after losing a race to another writer of it.
+SETTING_WRITE_ATTEMPTS = 5
+
+
+def overwrite_setting(
+    table: pa.Table,
+    uri: str,
+    storage_options: dict[str, str] | None,
+    what: str,
+    settled: Callable[[], bool] | None = None,
+) -> bool:
+    """Overwrite the one-row setting at ``uri`` with ``table``; False when a lost race already left it ``settled``.
+
+    Tasks starting together race to write the same setting; the later write wins, and a lost race
+    is retried unless ``settled()`` says the value wanted is there already. ``what`` names the write
+    in the error after the last attempt.
+    """
+    for attempt in range(SETTING_WRITE_ATTEMPTS):
+        try:
+            overwrite_dataset(table, uri, storage_options)
+            return True
+        except LANCE_ERRORS as exc:
+            if settled is not None and settled():
+                return False
+            if attempt + 1 == SETTING_WRITE_ATTEMPTS:
+                raise translate(exc, uri, what) from None
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
 def append_table(
     table: pa.Table, ds: lance.LanceDataset, schema: pa.Schema, storage_options: dict[str, str] | None
 ) -> lance.LanceDataset:

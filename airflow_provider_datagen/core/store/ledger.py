@@ -51,8 +51,6 @@ _BUDGET_SCHEMA = pa.schema(
     ]
 )
 NO_BUDGET = {"budget_usd": None, "budget_tokens": None}
-#: tries at recording a budget when concurrent tasks' writes conflict
-_BUDGET_WRITE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -162,16 +160,11 @@ def set_budget(log: CheckpointLog, budget_usd: float | None, budget_tokens: int 
         schema=_BUDGET_SCHEMA,
     )
     uri = budget_uri(log.uri)
-    for attempt in range(_BUDGET_WRITE_ATTEMPTS):
-        try:
-            lance_io.overwrite_dataset(table, uri, log.storage_options)
-            break
-        except lance_io.LANCE_ERRORS as exc:
-            # mapped tasks starting together race to record the same budget: a lost race that
-            # left ours recorded is done; another budget recorded meanwhile is overwritten again
-            if budget(log) == wanted:
-                return False
-            if attempt + 1 == _BUDGET_WRITE_ATTEMPTS:
-                raise lance_io.translate(exc, uri, "recording the budget") from None
+    # mapped tasks starting together race to record the same budget: a lost race that left ours
+    # recorded is done; another budget recorded meanwhile is overwritten again
+    if not lance_io.overwrite_setting(
+        table, uri, log.storage_options, "recording the budget", settled=lambda: budget(log) == wanted
+    ):
+        return False
     logger.info("experiment %s/%s: budget set to %s", log.pipeline, log.experiment, budget_usd or budget_tokens)
     return True

@@ -52,7 +52,6 @@ _SCHEMA = pa.schema(
         ("recorded_at", pa.timestamp("us", tz="UTC")),
     ]
 )
-_WRITE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -101,14 +100,8 @@ def record_source(log: CheckpointLog, ref: SourceRef) -> None:
     row["recorded_at"] = ref.recorded_at
     table = pa.Table.from_pylist([row], schema=_SCHEMA)
     uri = source_ref_uri(log.uri)
-    for attempt in range(_WRITE_ATTEMPTS):
-        try:
-            lance_io.overwrite_dataset(table, uri, log.storage_options)
-            break
-        except lance_io.LANCE_ERRORS as exc:
-            # two plans of one experiment at once: the later write wins; a lost race is retried
-            if attempt + 1 == _WRITE_ATTEMPTS:
-                raise lance_io.translate(exc, uri, "recording the plan's source") from None
+    # two plans of one experiment at once: the later write wins; a lost race is retried
+    lance_io.overwrite_setting(table, uri, log.storage_options, "recording the plan's source")
     logger.debug("experiment %s/%s: recorded source %s (%s)", log.pipeline, log.experiment, ref.uri, ref.format)
 
 
