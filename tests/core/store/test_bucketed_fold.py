@@ -151,5 +151,5 @@ def test_the_bucket_count_follows_the_events() -> None:
     per = bucketed_fold.EVENTS_PER_BUCKET
     assert bucketed_fold.fold_buckets(0) == 2
     assert bucketed_fold.fold_buckets(per * 3) == 4
-    assert bucketed_fold.fold_buckets(49_000_000) == 32
+    assert bucketed_fold.fold_buckets(49_000_000) == 64
     assert bucketed_fold.fold_buckets(per * 10_000) == bucketed_fold.MAX_BUCKETS
