@@ -14,7 +14,9 @@ import math
 import tempfile
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
 from airflow_provider_datagen.core.spill import GIVE_BACK_EVERY, Spill, bound_allocator, buckets_of, give_back_memory
@@ -66,3 +68,19 @@ def fold_bucketed(batches: Iterable[pa.RecordBatch], events: int) -> pa.Table:
     if not parts:
         return STATE_SCHEMA.empty_table()
     return pa.concat_tables(parts)
+
+
+def rows_in(states: pa.Table, ids: pa.Array) -> np.ndarray:
+    """For each of ``ids``, its row in ``states`` (-1 when absent), hashing ``ids`` rather than the states.
+
+    ``projection.rows_of`` hashes the states: at 10M rows a table of ~10M strings beside the fold,
+    for a planner's source of a few hundred thousand ids. A repeated id gets the row of its first.
+    """
+    index = np.full(len(ids), -1, dtype=np.int64)
+    if not len(ids) or not states.num_rows:
+        return index
+    at = np.asarray(pc.index_in(states["item_id"], value_set=ids).fill_null(-1).to_numpy(zero_copy_only=False))
+    rows = np.flatnonzero(at >= 0)
+    index[at[rows]] = rows
+    first = np.asarray(pc.index_in(ids, value_set=ids).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return index[first]

@@ -153,7 +153,7 @@ def fold_scan(
         raise log._translate(exc, "reading the log") from None
     if events > bucketed_fold.BUCKETED_EVENTS:
         table = bucketed_fold.fold_bucketed(log._batches(pinned, LIGHT_COLUMNS), events)
-        return table, None if ids is None else rows_of(table, id_array(ids))
+        return table, None if ids is None else bucketed_fold.rows_in(table, id_array(ids))
     other = [c for c in LIGHT_COLUMNS if c != "item_id"]
     wanted = None if ids is None else id_array(ids)
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,6 @@ from tests.core.store.test_states_of import RUN, N, failing_on, run
 if TYPE_CHECKING:
     from pathlib import Path
 
-    import pyarrow as pa
     import pytest
 
     from airflow_provider_datagen.core import CheckpointLog
@@ -145,6 +145,14 @@ def test_an_empty_bucket_and_a_bucket_count_past_the_events_fold_to_the_same_row
     states = _cold(tmp_path, "e").states()
     assert buckets.used[-1] > 3
     assert _sorted(states) == _sorted(_whole_fold(log))
+
+
+def test_rows_in_finds_each_id_and_repeats_take_their_first_row() -> None:
+    states = pa.table({"item_id": ["a", "b", "c/0", "d"]})
+    ids = pa.array(["d", "x", "a", "c/0", "d", "b/1"], pa.string())
+    assert bucketed_fold.rows_in(states, ids).tolist() == [3, -1, 0, 2, 3, -1]
+    assert bucketed_fold.rows_in(states, ids).tolist() == projection.rows_of(states, ids).tolist()
+    assert bucketed_fold.rows_in(states.slice(0, 0), ids).tolist() == [-1] * 6
 
 
 def test_the_bucket_count_follows_the_events() -> None:
