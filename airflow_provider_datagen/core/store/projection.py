@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_batches, fold_table
 from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, LIGHT_COLUMNS
 from airflow_provider_datagen.core.status import Tally, tally
-from airflow_provider_datagen.core.store import lance_io
+from airflow_provider_datagen.core.store import bucketed_fold, lance_io
 from airflow_provider_datagen.core.store.paths import is_local
 from airflow_provider_datagen.exceptions import LogCorruptedError, MisalignedStreamsError
 
@@ -142,11 +142,18 @@ def fold_scan(
     they arrive hold their numbers and a fifth of their strings. The item ids are one stream
     and the other columns a second, of the same pinned version, so the ids are hashed while
     the wider columns are still read; Lance decodes ahead on its own threads.
+
+    Past ``bucketed_fold.BUCKETED_EVENTS`` events even that holds too much (5.7 GB at 49M events):
+    the log is folded a bucket of items at a time (:mod:`.bucketed_fold`), its rows bucket by bucket.
     """
     try:
         pinned = ds.checkout_version(int(ds.version))
+        events = int(pinned.count_rows())
     except lance_io.LANCE_ERRORS as exc:
         raise log._translate(exc, "reading the log") from None
+    if events > bucketed_fold.BUCKETED_EVENTS:
+        table = bucketed_fold.fold_bucketed(log._batches(pinned, LIGHT_COLUMNS), events)
+        return table, None if ids is None else bucketed_fold.rows_in(table, id_array(ids))
     other = [c for c in LIGHT_COLUMNS if c != "item_id"]
     wanted = None if ids is None else id_array(ids)
     try:
