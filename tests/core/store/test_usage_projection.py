@@ -221,7 +221,10 @@ def test_maintenance_in_a_loop_beside_a_writing_thread_never_changes_the_totals(
     thread.start()
     maintained = 0
     while not stop.is_set():
-        maintained += not log.maintain(cleanup_older_than=dt.timedelta(0))["skipped"]
+        # the default retention: with none, a version the writer is still reading may be removed
+        # under it (a LogCorruptedError in the writer, seen once at load 9), which is retention's
+        # job to prevent and not what this test is about
+        maintained += not log.maintain()["skipped"]
     thread.join()
     assert errors == []
     assert maintained > 0
