@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from airflow.sdk import BaseOperator
 from airflow_provider_datagen._arguments import (
     check_name_argument,
 )
+from airflow_provider_datagen.exceptions import DatagenError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
 
     from airflow_provider_datagen.core import CheckpointLog
 
+
+logger = logging.getLogger(__name__)
 
 STATUS_XCOM_KEY = "datagen_status"
 REPORT_XCOM_KEY = "datagen_report"
@@ -35,7 +39,12 @@ def folded_status(event_log: CheckpointLog) -> dict[str, Any]:
     tasks would fold a log grown by the tasks before it.
     """
     status = event_log.summary()
-    event_log.refresh_projection(min_new_events=0)
+    try:
+        event_log.refresh_projection(min_new_events=0)
+    except (DatagenError, OSError) as exc:
+        # Only a saving for the tasks after this one: the task's own work is committed, and a later
+        # task or maintenance stores the projection, so a store that fails here must not fail the task.
+        logger.warning("did not store the state projection of %s: %s", event_log.uri, exc)
     return status
 
 

@@ -127,6 +127,43 @@ class AirflowClient:
                 )
             time.sleep(0.5)
 
+    def wait_success(self, dag_id: str, run_id: str, timeout: float = 60.0) -> None:
+        """Wait for the run to end; fail with each failed task instance's error when it did not succeed."""
+        state = self.wait_run(dag_id, run_id, timeout)
+        if state != "success":
+            raise AssertionError(f"run {dag_id}/{run_id} ended {state}:\n{self.failures(dag_id, run_id)}")
+
+    def failures(self, dag_id: str, run_id: str, lines: int = 25) -> str:
+        """The failed task instances of a run, each with the last ``lines`` lines of its log (the error)."""
+        out = []
+        for t in self.task_instances(dag_id, run_id):
+            if t["state"] not in ("failed", "upstream_failed"):
+                continue
+            out.append(f"- {t['task_id']}[{t['map_index']}] {t['state']} try {t['try_number']} on {t.get('hostname')}")
+            if t["state"] == "failed":
+                out.extend(f"    {line}" for line in self._log_tail(dag_id, run_id, t, lines))
+        return "\n".join(out) or "(no failed task instance)"
+
+    def _log_tail(self, dag_id: str, run_id: str, ti: dict, lines: int) -> list[str]:
+        """The last lines of a try's log, an error's exception type and message included."""
+        try:
+            body = self.get(
+                f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/{ti['try_number']}",
+                params={"map_index": ti["map_index"], "full_content": "true"},
+                headers={"Accept": "application/json"},
+            )
+        except AssertionError as err:  # the log itself may be what is missing
+            return [f"(no log: {err})"]
+        rendered = []
+        for entry in body.get("content") or []:
+            if not isinstance(entry, dict):
+                rendered.append(str(entry))
+                continue
+            rendered.append(str(entry.get("event", "")))
+            for detail in entry.get("error_detail") or []:
+                rendered.append(f"  {detail.get('exc_type')}: {detail.get('exc_value')}")
+        return rendered[-lines:]
+
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
         """Every task instance of the run (all pages), sorted by (task_id, map_index)."""
         items: list[dict] = []

@@ -195,7 +195,7 @@ def test_sigkill_worker_mid_chunk_then_clear_resumes_only_pending(airflow_stack:
 
     cleared = client.clear(fd.dag_id, run_id, [("generate", map_index)], include_downstream=True)
     assert sorted((t["task_id"], t["map_index"]) for t in cleared) == [("export", -1), ("generate", map_index)]
-    assert client.wait_run(fd.dag_id, run_id, timeout=RUN_TIMEOUT) == "success"
+    client.wait_success(fd.dag_id, run_id, timeout=RUN_TIMEOUT)
 
     tis = tis_by_key(client, fd.dag_id, run_id)
     assert tis[("generate", map_index)]["try_number"] == 2
@@ -314,7 +314,7 @@ def test_zombie_attempt_late_writes_change_nothing_and_show_as_fencing_violation
             b.step_completed(iid, step=step, step_kind=step_kind)
             b.terminal(iid)
 
-    assert client.wait_run(fd.dag_id, run_id, timeout=RUN_TIMEOUT) == "success"
+    client.wait_success(fd.dag_id, run_id, timeout=RUN_TIMEOUT)
     exported = client.xcom(fd.dag_id, run_id, "export")
     assert exported == expected, "the zombie's late acknowledgements leaked into the export"
     assert collect_results(log) == expected_results
@@ -411,7 +411,7 @@ def test_two_concurrent_runs_complete_every_item_once_and_lose_no_event(airflow_
 
     runs = [client.trigger(fd.dag_id), client.trigger(fd.dag_id)]
     for run_id in runs:
-        assert client.wait_run(fd.dag_id, run_id, timeout=RUN_TIMEOUT) == "success"
+        client.wait_success(fd.dag_id, run_id, timeout=RUN_TIMEOUT)
     for run_id in runs:
         assert client.xcom(fd.dag_id, run_id, "export") == expected
 

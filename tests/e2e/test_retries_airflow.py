@@ -104,7 +104,7 @@ def test_transient_errors_retried_in_place_complete_in_one_run(
 
     # -- one run, no clear: success, every task instance on its first try ------------------------------
     run_id = client.trigger(DAG_ID)
-    assert client.wait_run(DAG_ID, run_id, timeout=RUN_TIMEOUT) == "success"
+    client.wait_success(DAG_ID, run_id, timeout=RUN_TIMEOUT)
     tis = client.task_instances(DAG_ID, run_id)
     assert sorted((t["task_id"], t["map_index"]) for t in tis) == [
         ("export", -1),

@@ -49,13 +49,13 @@ def test_trigger_xcom_clear_one_mapped_instance_and_rerun(airflow_stack: Airflow
     calls = tmp_path / "calls.jsonl"
 
     run_id = client.trigger(DAG_ID, {"calls": str(calls)})
-    assert client.wait_run(DAG_ID, run_id, timeout=60) == "success"
+    client.wait_success(DAG_ID, run_id, timeout=60)
     assert client.xcom(DAG_ID, run_id, "make") == [1, 2, 3]
     assert client.xcom(DAG_ID, run_id, "double", map_index=1) == 4
 
     cleared = client.clear(DAG_ID, run_id, [("double", 1)])
     assert [(t["task_id"], t["map_index"]) for t in cleared] == [("double", 1)]
-    assert client.wait_run(DAG_ID, run_id, timeout=60) == "success"
+    client.wait_success(DAG_ID, run_id, timeout=60)
 
     tries = {(t["task_id"], t["map_index"]): t["try_number"] for t in client.task_instances(DAG_ID, run_id)}
     assert tries == {("make", -1): 1, ("double", 0): 1, ("double", 1): 2, ("double", 2): 1}

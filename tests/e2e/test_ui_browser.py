@@ -277,6 +277,10 @@ def test_nav_view_experiment_page_and_task_instance_tab(
         if t["task_id"] == "generate" and t["state"] == "failed"
     )
     assert failed == [i for i, ids in enumerate(chunks) if flaky & set(ids)]
+    # what a failed CI run prints: each failed chunk with the error its task log ends on
+    failures = client.failures(DAG_ID, run_id)
+    assert failures.count("ItemsFailedError: ") == len(failed), failures
+    assert "Clear this task instance to rerun only the pending items" in failures
 
     context, offsite, plugin_errors = new_context(browser, client.base_url)
     page = context.new_page()
@@ -310,7 +314,7 @@ def test_nav_view_experiment_page_and_task_instance_tab(
     # -- clear the failed map indexes: only the flaky items run again, the run succeeds ---------------
     cleared = client.clear(DAG_ID, run_id, [("generate", i) for i in failed], include_downstream=True)
     assert {(t["task_id"], t["map_index"]) for t in cleared} >= {("generate", i) for i in failed}
-    assert client.wait_run(DAG_ID, run_id, timeout=180) == "success"
+    client.wait_success(DAG_ID, run_id, timeout=180)
 
     # The nav view again, loaded afresh (the iframe is on the experiment page, deep-linked in the
     # UI's URL): everything completed, nothing failed now.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core import run_items
+from airflow_provider_datagen.core.store import maintenance
+from airflow_provider_datagen.exceptions import LogWriteError
 from airflow_provider_datagen.operators.base import folded_status
 from tests._support.engine import make_items, open_log
 from tests.core.store.test_projection import ScanCount
@@ -37,3 +39,21 @@ def test_a_status_that_folded_stores_its_fold_for_the_next_tasks(
     assert second == _folded(tmp_path, "store")
     assert second["completed"] == 60
     assert log._projection_version() < log.version
+
+
+def test_a_projection_the_store_refuses_leaves_the_status_and_the_task_alone(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = open_log(tmp_path, "refused")
+    run_items(log, make_items(20), failing_on(set(), "flat"), writer_id="w", epoch=1)
+
+    def refuse(*args: Any, **kwargs: Any) -> bool:
+        raise LogWriteError("reading the lease s3://b/x/.maintenance.lease failed 4 times: dropped")
+
+    monkeypatch.setattr(maintenance, "store_fold", refuse)
+    status = folded_status(open_log(tmp_path, "refused"))
+    assert status == _folded(tmp_path, "refused")
+    assert status["completed"] == 20
+    assert "did not store the state projection" in caplog.text
+    assert "failed 4 times: dropped" in caplog.text
+    assert log._projection_version() == 0

@@ -29,8 +29,10 @@ import time
 import uuid
 from typing import Any
 
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
 from airflow_provider_datagen.core.store.paths import is_local, local_path, object_store_fs
-from airflow_provider_datagen.exceptions import bad_argument
+from airflow_provider_datagen.exceptions import LogWriteError, bad_argument
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,24 @@ LEASE_TTL_SECONDS = 900.0
 WRITE_BOUND_SECONDS = 2.0
 #: The wait before the read-back; must exceed the write bound (Fischer's condition).
 SETTLE_SECONDS = 3.0
+#: Calls of one read or write of the lease object before a transient store error is raised.
+STORE_ATTEMPTS = 4
+
+
+def _transient(exc: BaseException) -> bool:
+    # pyarrow raises a bare OSError for what the store's client gave up on (a dropped response stream,
+    # a 5xx); a missing object is an answer, not a failure.
+    return isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError)
+
+
+#: Object-store calls of a lease: a transient error is tried again shortly (a timing step that then
+#: overruns ``write_bound`` gives up as any slow step does, so a retry never weakens the exclusion).
+_store_call = retry(
+    retry=retry_if_exception(_transient),
+    stop=stop_after_attempt(STORE_ATTEMPTS),
+    wait=wait_exponential(multiplier=0.1, max=1.0),
+    reraise=True,
+)
 
 
 class FileLease:
@@ -103,11 +123,31 @@ class ObjectLease:
         self._fs, self._path = object_store_fs(uri, storage_options or {})
         self._expires_at: float | None = None
 
-    def _read(self) -> dict[str, Any] | None:
+    def _store_error(self, exc: OSError, action: str) -> LogWriteError:
+        return LogWriteError(
+            f"{action} the lease {self.uri} failed {STORE_ATTEMPTS} times: {exc}. Check that the object "
+            "store is reachable (the connection's storage_options); no lease was taken and nothing was written."
+        )
+
+    @_store_call
+    def _get(self) -> bytes | None:
         try:
             with self._fs.open_input_stream(self._path) as fh:
-                raw = fh.read()
+                return bytes(fh.read())
         except FileNotFoundError:
+            return None
+
+    @_store_call
+    def _put(self, payload: bytes) -> None:
+        with self._fs.open_output_stream(self._path) as fh:
+            fh.write(payload)
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            raw = self._get()
+        except OSError as exc:
+            raise self._store_error(exc, "reading") from exc
+        if raw is None:
             return None
         try:
             record = json.loads(raw)
@@ -116,8 +156,10 @@ class ObjectLease:
         return record if isinstance(record, dict) else None
 
     def _write(self, record: dict[str, Any]) -> None:
-        with self._fs.open_output_stream(self._path) as fh:
-            fh.write(json.dumps(record).encode())
+        try:
+            self._put(json.dumps(record).encode())
+        except OSError as exc:
+            raise self._store_error(exc, "writing") from exc
 
     def current(self) -> dict[str, Any] | None:
         """The lease record as stored now, or ``None``."""
@@ -157,10 +199,19 @@ class ObjectLease:
         # Leave a margin: between our read and our delete a successor must not be able to take it over.
         if time.time() > expires_at - self.write_bound - self.settle:
             return
-        back = self._read()
-        if back is not None and back.get("token") == self.token:
-            with contextlib.suppress(FileNotFoundError):
-                self._fs.delete_file(self._path)
+        try:
+            back = self._read()
+            if back is not None and back.get("token") == self.token:
+                self._delete()
+        except (LogWriteError, OSError) as exc:
+            # Released or not, the work under the lease is done; an undeleted record only makes the
+            # next holder wait for its expiry.
+            logger.warning("could not release the lease %s (%s); it expires at %.0f", self.uri, exc, expires_at)
+
+    @_store_call
+    def _delete(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.delete_file(self._path)
 
 
 def lease_for(uri: str, storage_options: dict[str, str] | None = None, **timing: float) -> FileLease | ObjectLease:

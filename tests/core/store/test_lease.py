@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -20,7 +20,7 @@ from airflow_provider_datagen.core import CheckpointLog, run_items
 from airflow_provider_datagen.core.store.lease import FileLease, ObjectLease, lease_for
 from airflow_provider_datagen.core.store.maintenance import MaintenanceLease
 from airflow_provider_datagen.example_dags.fakes import prompts, reliable_fake_model
-from airflow_provider_datagen.exceptions import ConfigurationError
+from airflow_provider_datagen.exceptions import ConfigurationError, LogWriteError
 from dev.moto import MotoServer
 from tests._support import REPO
 
@@ -107,6 +107,71 @@ def test_a_slow_write_gives_up_and_leaves_its_record_to_expire(moto: MotoServer)
     # The record stays: deleting it could erase a racer's lease that overwrote it meanwhile.
     assert slow.current()["token"] == slow.token
     assert not ObjectLease(uri, moto.storage_options(), **FAST).acquire()
+
+
+# What pyarrow's S3 client raised in a CI run when moto dropped a response under load.
+DROPPED = "AWS Error INTERNAL_FAILURE during GetObject operation: Failed to flush response stream (eof: 0, bad: 1)"
+
+
+class FlakyFs:
+    """The lease's real filesystem, whose next ``failures[name]`` calls of a method raise ``DROPPED``."""
+
+    def __init__(self, fs: Any, **failures: int) -> None:
+        self._fs = fs
+        self.failures = failures
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._fs, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            if self.failures.get(name, 0) > 0:
+                self.failures[name] -= 1
+                raise OSError(DROPPED)
+            return method(*args, **kwargs)
+
+        return call
+
+
+def flaky(lease: ObjectLease, **failures: int) -> FlakyFs:
+    lease._fs = fs = FlakyFs(lease._fs, **failures)
+    return fs
+
+
+def test_a_dropped_response_is_read_and_written_again(moto: MotoServer) -> None:
+    uri = f"s3://{BUCKET}/flaky/.maintenance.lease"
+    lease = ObjectLease(uri, moto.storage_options(), **FAST)
+    fs = flaky(lease, open_input_stream=2, open_output_stream=1, delete_file=1)
+    assert lease.acquire()
+    assert lease.current()["token"] == lease.token
+    lease.release()
+    assert lease.current() is None
+    assert fs.failures == {"open_input_stream": 0, "open_output_stream": 0, "delete_file": 0}
+    assert fs.calls.count("open_output_stream") == 2 and fs.calls.count("delete_file") == 2
+
+
+def test_a_store_that_keeps_failing_is_a_typed_error_naming_the_lease(moto: MotoServer) -> None:
+    uri = f"s3://{BUCKET}/down/.maintenance.lease"
+    lease = ObjectLease(uri, moto.storage_options(), **FAST)
+    fs = flaky(lease, open_input_stream=99)
+    expected = r"reading the lease s3://leases/down/\.maintenance\.lease failed 4 times: AWS Error INTERNAL_FAILURE"
+    with pytest.raises(LogWriteError, match=expected + ".*storage_options"):
+        lease.acquire()
+    assert fs.calls == ["open_input_stream"] * 4
+    assert ObjectLease(uri, moto.storage_options(), **FAST).current() is None  # nothing was written
+
+
+def test_a_release_the_store_refuses_is_logged_and_the_record_left_to_expire(
+    moto: MotoServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = f"s3://{BUCKET}/stuck/.maintenance.lease"
+    lease = ObjectLease(uri, moto.storage_options(), **FAST)
+    assert lease.acquire()
+    flaky(lease, delete_file=99)
+    lease.release()  # the work under the lease is done: this must not raise
+    assert "could not release the lease s3://leases/stuck/.maintenance.lease" in caplog.text
+    assert ObjectLease(uri, moto.storage_options(), **FAST).current()["token"] == lease.token
 
 
 def test_settle_must_exceed_the_write_bound() -> None:

@@ -49,7 +49,7 @@ def test_2000_items_in_20_chunks_complete_exactly_once_on_two_hosts(celery_stack
     for mode, (knobs, hosts) in MODES.items():
         dag = install(client, f"datagen_celery_s1_{mode}", **KNOBS, **knobs)
         run_id = client.trigger(dag.dag_id)
-        assert client.wait_run(dag.dag_id, run_id, timeout=RUN_TIMEOUT) == "success"
+        client.wait_success(dag.dag_id, run_id, timeout=RUN_TIMEOUT)
 
         tis = generate_tis(client, dag.dag_id, run_id)
         assert len(tis) == N // CHUNK

@@ -107,7 +107,7 @@ def test_a_dead_host_is_rescheduled_onto_the_survivor_and_redoes_only_unacknowle
         time.sleep(0.5)
     noticed = time.time() - killed_at
     cluster.start_worker(cluster.worker(victim))
-    assert client.wait_run(dag.dag_id, run_id, timeout=300) == "success"
+    client.wait_success(dag.dag_id, run_id, timeout=300)
     cluster.wait_ready(components=False)
 
     tis = {t["map_index"]: t for t in generate_tis(client, dag.dag_id, run_id)}

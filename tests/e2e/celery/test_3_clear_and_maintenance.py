@@ -89,8 +89,8 @@ def test_clear_failed_map_indexes_over_rest_while_another_host_runs_the_same_exp
     assert sorted((t["task_id"], t["map_index"]) for t in cleared) == [("export", -1), ("generate", 0), ("generate", 2)]
     assert client.run_state(second.dag_id, run2) == "running", "the second run was not busy during the clear"
 
-    assert client.wait_run(first.dag_id, run1, timeout=RUN_TIMEOUT) == "success"
-    assert client.wait_run(second.dag_id, run2, timeout=RUN_TIMEOUT) == "success"
+    client.wait_success(first.dag_id, run1, timeout=RUN_TIMEOUT)
+    client.wait_success(second.dag_id, run2, timeout=RUN_TIMEOUT)
     reruns = {t["map_index"]: t for t in generate_tis(client, first.dag_id, run1) if t["try_number"] == 2}
     assert sorted(reruns) == [0, 2]
     busy = generate_tis(client, second.dag_id, run2)
@@ -155,7 +155,7 @@ def test_maintenance_races_on_two_hosts_while_both_write_one_wins_nothing_lost(
     )
     expected = baseline_fingerprint(tmp_path, n)
     run_id = client.trigger(dag.dag_id)
-    assert client.wait_run(dag.dag_id, run_id, timeout=RUN_TIMEOUT) == "success"
+    client.wait_success(dag.dag_id, run_id, timeout=RUN_TIMEOUT)
 
     results = {host: client.xcom(dag.dag_id, run_id, f"maintain_{host}") for host in ("a", "b")}
     winners = [h for h, r in results.items() if not r["skipped"]]
