@@ -248,6 +248,16 @@ def _prepare_chunk_rows(rows: list[Any], key_field: str, ids: list[Any]) -> list
     return prepare_items(mine, key_field)
 
 
+def snapshot_items(
+    uri: str, key_field: str, storage_options: dict[str, str] | None = None, ids: list[Any] | None = None
+) -> list[SourceItem]:
+    """The items of an inline source's snapshot at ``uri`` (only those of ``ids`` when given, str ids)."""
+    table = read_lance_table(uri, storage_options)
+    if ids is not None and table.num_rows > len(ids) and all(isinstance(i, str) for i in ids):
+        table = table.filter(pc.is_in(table["item_id"], value_set=pa.array(ids, pa.string())))
+    return prepare_items((decode_source_json(t) for t in table["item"].to_pylist()), key_field)
+
+
 def chunk_items(
     chunk: dict[str, Any],
     *,
@@ -269,12 +279,9 @@ def chunk_items(
         raise ConfigurationError("chunk has no item_ids list; pass expand_kwargs(plan.output) unchanged")
     key_field = str(chunk.get("key_field", "id"))
     if chunk.get("snapshot"):
-        table = read_lance_table(str(chunk["source"]), storage_options)
         # The snapshot holds the whole planned source; decode and fingerprint only this chunk's rows
         # (the planner validated the rest), so N chunks cost one source's worth of work, not N.
-        if table.num_rows > len(ids) and all(isinstance(i, str) for i in ids):
-            table = table.filter(pc.is_in(table["item_id"], value_set=pa.array(ids, pa.string())))
-        items = prepare_items((decode_source_json(t) for t in table["item"].to_pylist()), key_field)
+        items = snapshot_items(str(chunk["source"]), key_field, storage_options, ids)
     elif isinstance(chunk.get("rows"), list):
         # a streamed plan's chunk names its rows: read those, not the source (the plan validated it all)
         items = items_at(str(chunk["source"]), chunk["rows"], key_field, storage_options)

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from airflow_provider_datagen.core.events import decode_source_json
+from airflow_provider_datagen.core.chunks import snapshot_items
 from airflow_provider_datagen.core.ids import key_of, root_item_id
 from airflow_provider_datagen.core.planner import (
     CLS_DEMOTED,
@@ -40,7 +40,7 @@ from airflow_provider_datagen.core.planner import (
 )
 from airflow_provider_datagen.core.source_scan import JSONL, LANCE, PARQUET, scan_source, source_format
 from airflow_provider_datagen.core.sources import load_source, prepare_items, source_path
-from airflow_provider_datagen.core.store.lance_io import read_lance_table
+from airflow_provider_datagen.core.store.projection import rows_of
 from airflow_provider_datagen.core.store.source_ref import (
     INLINE,
     PATH,
@@ -210,9 +210,7 @@ def rerun_counts(
     """
     _check_readable(ref)
     if ref.kind == INLINE:
-        table = read_lance_table(ref.uri, storage_options)
-        source = prepare_items((decode_source_json(t) for t in table["item"].to_pylist()), ref.key_field)
-        del table
+        source = snapshot_items(ref.uri, ref.key_field, storage_options)
         plan = classify(source, states, ref.processor_version, log_version, redo_completed=ref.redo_completed)
         return RerunCounts(
             fresh=len(plan.fresh),
@@ -229,12 +227,7 @@ def rerun_counts(
         open_lance_source(ref.uri, storage_options)
     scanned = scan_source(ref.uri, ref.key_field, storage_options)
     n = len(scanned.ids)
-    if states.num_rows:
-        index = np.asarray(
-            pc.index_in(scanned.ids, value_set=states["item_id"]).fill_null(-1).to_numpy(zero_copy_only=False)
-        )
-    else:
-        index = np.full(n, -1, dtype=np.int64)
+    index = rows_of(states, scanned.ids)
     fps = scanned.fingerprints
     match = match_states(n, lambda rows: fps.take(pa.array(rows)), states, index)
     del index

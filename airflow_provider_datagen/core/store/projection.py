@@ -153,7 +153,7 @@ def fold_scan(
         raise log._translate(exc, "reading the log") from None
     if events > bucketed_fold.BUCKETED_EVENTS:
         table = bucketed_fold.fold_bucketed(log._batches(pinned, LIGHT_COLUMNS), events)
-        return table, None if ids is None else bucketed_fold.rows_in(table, id_array(ids))
+        return table, None if ids is None else rows_of(table, id_array(ids))
     other = [c for c in LIGHT_COLUMNS if c != "item_id"]
     wanted = None if ids is None else id_array(ids)
     try:
@@ -345,9 +345,11 @@ def id_array(ids: pa.Array | Sequence[str]) -> pa.Array:
 
 
 def rows_of(states: pa.Table, ids: pa.Array) -> np.ndarray:
-    """For each of ``ids``, its row in ``states`` (-1 when absent)."""
+    """For each of ``ids``, its row in ``states`` (-1 when absent), hashing the smaller of the two."""
     if states.num_rows == 0:
         return np.full(len(ids), -1, dtype=np.int64)
+    if len(ids) < states.num_rows:  # a source smaller than the log's items: no hash of every state's id
+        return bucketed_fold.rows_in(states, ids)
     found = pc.index_in(ids, value_set=states["item_id"]).fill_null(-1)
     return np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.int64)
 
