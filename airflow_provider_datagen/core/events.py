@@ -277,6 +277,29 @@ def fingerprint_of(item: Any) -> str:
     return digest(canonical_source_json(item).encode("utf-8"))[:32]
 
 
+#: Bytes of a SHA-256 digest an input fingerprint keeps (its 32 hex characters).
+FINGERPRINT_BYTES = 16
+#: Items per chunk of a fingerprint array: keeps its int32 offsets in range.
+_FP_ARRAY_CHUNK = 1 << 25
+
+
+def fingerprint_array(digests: list[bytes]) -> pa.Array:
+    """The input fingerprints of many items at once from their SHA-256 digests, as a string array.
+
+    Each entry equals :func:`fingerprint_of`'s ``hexdigest()[:32]``: one hex conversion of the kept
+    bytes instead of a hex string and a slice per item.
+    """
+    n = len(digests)
+    if n > _FP_ARRAY_CHUNK:
+        return pa.chunked_array(
+            [fingerprint_array(digests[lo : lo + _FP_ARRAY_CHUNK]) for lo in range(0, n, _FP_ARRAY_CHUNK)]
+        )
+    kept = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(n, 32)[:, :FINGERPRINT_BYTES]
+    width = 2 * FINGERPRINT_BYTES
+    offsets = pa.py_buffer(np.arange(0, width * (n + 1), width, dtype=np.int32))
+    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(kept.tobytes().hex().encode("ascii")))
+
+
 @dataclass(frozen=True)
 class EncodedValue:
     """A field value ready for a row: inline JSON text, or bytes bound for ``value_blob``."""

@@ -141,8 +141,8 @@ def _fingerprints_of(source: list[SourceItem]) -> Callable[[np.ndarray], pa.Arra
     return lambda rows: pa.array([source[i].fingerprint for i in rows.tolist()], pa.string())
 
 
-def _fingerprints_in(fps: list[str]) -> Callable[[np.ndarray], pa.Array]:
-    return lambda rows: pa.array([fps[i] for i in rows.tolist()], pa.string())
+def _fingerprints_in(fps: pa.Array) -> Callable[[np.ndarray], pa.Array]:
+    return lambda rows: fps.take(pa.array(rows))
 
 
 def _classify(
@@ -313,12 +313,16 @@ def status_of(
     *,
     states: pa.Table | None = None,
 ) -> dict[str, Any]:
-    """The ``datagen_status`` dict; with a source, its never-started and edited items count as pending."""
+    """The ``datagen_status`` dict; with a source, its never-started and edited items count as pending.
+
+    Without a source or ``states`` it is :meth:`CheckpointLog.summary`, counted from the state
+    projection and the items changed since when the log has one, not from a fold of the whole log.
+    """
+    if items is None:
+        return log.summary(states)
     if states is None:
         states = log.states()
     summary = log.summary(states)
-    if items is None:
-        return summary
     source = as_source(items, key_field)
     plan = classify(source, states, None, summary["log_version"])
     done = set(plan.skip)

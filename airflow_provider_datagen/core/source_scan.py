@@ -76,11 +76,11 @@ def scan_batches(path: str, key_field: str, storage_options: dict[str, str] | No
         fast = fingerprint_rows(rows, key_field, plain=plain)
         if fast is None:
             items = prepare_items(rows, key_field, start=start)
-            fast = [s.item_id for s in items], [s.fingerprint for s in items]
+            fast = [s.item_id for s in items], pa.array([s.fingerprint for s in items], pa.string())
             del items
         start += len(rows)
         del rows
-        scanned = ScannedBatch(pa.array(fast[0], pa.string()), pa.array(fast[1], pa.string()), offs)
+        scanned = ScannedBatch(pa.array(fast[0], pa.string()), fast[1], offs)
         del fast
         yield scanned
 

@@ -17,7 +17,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_datagen.core.events import _FAST, ORJSON_OPTIONS, fingerprint_of, orjson_canonical, orjson_plain
+from airflow_provider_datagen.core.events import (
+    _FAST,
+    ORJSON_OPTIONS,
+    fingerprint_array,
+    fingerprint_of,
+    orjson_canonical,
+    orjson_plain,
+)
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.exceptions import InvalidItemError, bad_argument
@@ -169,19 +176,22 @@ _MISSING = object()
 _PLAIN = frozenset((str, int, bool, type(None)))
 
 
-def fingerprint_rows(rows: list[Any], key_field: str, *, plain: bool = False) -> tuple[list[str], list[str]] | None:
+def fingerprint_rows(rows: list[Any], key_field: str, *, plain: bool = False) -> tuple[list[str], pa.Array] | None:
     """Item ids and input fingerprints of plain rows, fast; None as soon as a row needs :func:`prepare_items`.
 
     Plain: a dict keyed by a str needing no escaping or a small int, of values orjson encodes as the
-    stdlib does (``events.orjson_plain``). The ids and fingerprints are exactly what ``prepare_items``
-    would give, without building an item per row; uniqueness is the caller's to check (a streamed
-    plan checks it once over the whole source). Anything else, valid or not, is for
+    stdlib does (``events.orjson_plain``). The ids and fingerprints (a string array) are exactly what
+    ``prepare_items`` would give, without building an item per row; uniqueness is the caller's to check
+    (a streamed plan checks it once over the whole source). Anything else, valid or not, is for
     ``prepare_items``, which builds it or raises the error naming it. ``plain=True`` says every value
     is already known plain (an Arrow batch of string, integer and boolean columns), so none is checked.
     """
+    # Per row only what must be: the encoding and its digest. The keys' characters and lengths are
+    # checked once over all of them, and the digests turned to hex text in one call
+    # (events.fingerprint_array): per row, those were as much again as the hashing itself.
     ids: list[str] = []
-    fps: list[str] = []
-    add_id, add_fp = ids.append, fps.append
+    digests: list[bytes] = []
+    add_id, add_digest = ids.append, digests.append
     dumps, options, sha256 = orjson.dumps, ORJSON_OPTIONS, hashlib.sha256
     scalars, plain_value, missing = _PLAIN, orjson_plain, _MISSING
     for row in rows:
@@ -189,12 +199,9 @@ def fingerprint_rows(rows: list[Any], key_field: str, *, plain: bool = False) ->
             return None
         key = row.get(key_field, missing)
         kind = type(key)
-        if kind is str:
-            if not 0 < len(key) <= MAX_KEY_LENGTH or "\x00" in key or "%" in key or "/" in key or ":" in key:
-                return None
-        elif kind is int and _INT_KEY_MIN < key < _INT_KEY_MAX:
+        if kind is int and _INT_KEY_MIN < key < _INT_KEY_MAX:
             key = str(key)
-        else:
+        elif kind is not str:
             return None
         if not plain:
             for value in row.values():
@@ -205,8 +212,20 @@ def fingerprint_rows(rows: list[Any], key_field: str, *, plain: bool = False) ->
         except orjson.JSONEncodeError:
             return None  # a lone surrogate, an int past 64 bits, a non-str dict key
         add_id(key)
-        add_fp(sha256(raw).hexdigest()[:32])
-    return ids, fps
+        add_digest(sha256(raw).digest())
+    if not _plain_keys(ids):
+        return None
+    return ids, fingerprint_array(digests)
+
+
+def _plain_keys(ids: list[str]) -> bool:
+    """Whether every key is its own item id: 1 to ``MAX_KEY_LENGTH`` characters, none to escape."""
+    if not ids:
+        return True
+    if min(map(len, ids)) == 0 or max(map(len, ids)) > MAX_KEY_LENGTH:
+        return False
+    joined = "\x00".join(ids)  # a NUL inside a key shows as one NUL too many
+    return joined.count("\x00") == len(ids) - 1 and not any(c in joined for c in "%/:")
 
 
 # int keys the fast path formats itself: well inside str(int)'s digit limit and MAX_KEY_LENGTH

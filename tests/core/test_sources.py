@@ -196,6 +196,33 @@ def test_prepare_items_matches_on_plain_dicts_with_an_other_key_field(pairs: lis
     assert outcome(prepare_items, items, "name") == outcome(reference_prepare, items, "name")
 
 
+@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(source_items(), max_size=8))
+def test_fingerprint_rows_gives_the_reference_ids_and_fingerprints_or_declines(items: list[Any]) -> None:
+    """The planners' bulk path: the same ids and fingerprints as the reference, or None (never a wrong one)."""
+    got = sources.fingerprint_rows(items, "id")
+    if got is None:
+        return
+    expected = outcome(reference_prepare, items)
+    ids, fps = got
+    assert isinstance(fps, pa.StringArray) and len(fps) == len(ids)
+    if len(set(ids)) == len(ids):  # uniqueness is the caller's to check
+        assert expected[0] == "ok"
+        assert (ids, fps.to_pylist()) == ([r[0] for r in expected[1]], [r[2] for r in expected[1]])
+
+
+def test_fingerprint_rows_declines_every_key_that_needs_escaping_or_is_refused() -> None:
+    for key in ["a/b", "a%2Fb", "x:y", "%", "", "a\x00", "k" * (MAX_KEY_LENGTH + 1), True, 1.0, 10**18]:
+        assert sources.fingerprint_rows([{"id": "ok"}, {"id": key}], "id") is None, key
+    ids, fps = sources.fingerprint_rows([{"id": "ok"}, {"id": "k" * MAX_KEY_LENGTH}, {"id": -5}], "id")
+    assert ids == ["ok", "k" * MAX_KEY_LENGTH, "-5"]
+    assert fps.to_pylist() == [
+        fingerprint_of({"id": "ok"}),
+        fingerprint_of({"id": "k" * MAX_KEY_LENGTH}),
+        fingerprint_of({"id": -5}),
+    ]
+
+
 def test_common_items_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     items = [
         {"id": "item-0000001", "v": 1},

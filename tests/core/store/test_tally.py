@@ -14,7 +14,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_datagen.core import run_items
+from airflow_provider_datagen.core import run_items, status_of
 from airflow_provider_datagen.core.status import FAILED_SAMPLE, STATUS_KEYS, Tally, tally
 from airflow_provider_datagen.core.store import lance_io, projection
 from airflow_provider_datagen.core.store import tally as tally_module
@@ -104,6 +104,22 @@ def test_a_status_after_a_chunk_reads_only_the_chunks_items(tmp_path: Any, monke
     since = (seven - 2) + (eight - 2)
     assert count.rows == since + seven + eight + since
     assert status == _folded(tmp_path, "cost")
+
+
+def test_status_of_without_a_source_counts_as_summary_does(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log(tmp_path, "status_of")
+    run_items(log, make_items(300), failing_on({"7"}, "flat"), writer_id="w", epoch=1)
+    log.maintain()
+    run_items(log, make_items(310)[300:], failing_on(set(), "flat"), writer_id="w2", epoch=2)
+    count = ScanCount(monkeypatch)
+    status = status_of(open_log(tmp_path, "status_of"))
+    counted_rows = count.rows
+    assert (status["completed"], status["failed_items"], status["total"]) == (309, 1, 310)
+    count.rows = 0
+    assert status == open_log(tmp_path, "status_of").summary()
+    assert counted_rows == count.rows  # the very reads of summary(): the ten new items, not the 300 folded
+    assert counted_rows < 310
+    assert status == _folded(tmp_path, "status_of")
 
 
 def test_failed_ids_past_the_kept_ones_are_read_again(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
