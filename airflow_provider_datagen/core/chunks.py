@@ -164,10 +164,12 @@ def _plan_path_chunks(
     """
     path = source_path(source)  # the checks (absolute, existing, a known format) read_source makes
     ref = path if "://" in path else os.path.abspath(path)
-    batches = scan_batches(ref, key_field)
+    # the log was opened with the datagen connection's storage options: the source is read with them too
+    options = log.storage_options
+    batches = scan_batches(ref, key_field, options)
     head, more = partitioned_plan.take_head(batches, partitioned_plan.PARTITION_ROWS)
     if more:
-        rows = row_count(ref, head)
+        rows = row_count(ref, head, options)
         planned = partitioned_plan.plan_partitioned(
             log, ref, key_field, itertools.chain(head, batches), processor_version, redo_completed, source_rows=rows
         )
@@ -286,7 +288,8 @@ def chunk_items(
         # a streamed plan's chunk names its rows: read those, not the source (the plan validated it all)
         items = items_at(str(chunk["source"]), chunk["rows"], key_field, storage_options)
     else:
-        items = _prepare_chunk_rows(list(read_source(chunk["source"])), key_field, ids)
+        rows = list(read_source(chunk["source"], storage_options=storage_options))
+        items = _prepare_chunk_rows(rows, key_field, ids)
     by_id = {s.item_id: s for s in items}
     missing = [i for i in ids if i not in by_id]
     if missing:

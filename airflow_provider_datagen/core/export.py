@@ -268,9 +268,11 @@ def results_table(
 # --- the export -----------------------------------------------------------------------------------
 
 
-def _inputs(source: Any, key_field: str, states: Mapping[str, ItemState]) -> dict[str, dict[str, Any]]:
+def _inputs(
+    source: Any, key_field: str, states: Mapping[str, ItemState], storage_options: dict[str, str] | None
+) -> dict[str, dict[str, Any]]:
     """The source inputs of the exported items, checked to be the ones they were generated from."""
-    by_id = {s.item_id: s for s in load_source(source, key_field)}
+    by_id = {s.item_id: s for s in load_source(source, key_field, storage_options=storage_options)}
     ids = sorted(states)
     missing = [i for i in ids if i not in by_id]
     if missing:
@@ -351,7 +353,8 @@ def export_results(
     states = log.completed_root_states()
     fields = _fields(states)
     fingerprint = results_fingerprint(_canonical(fields))
-    inputs = _inputs(source, key_field, states) if include_input else None
+    # the source is read as the plan read it: with the log's (the datagen connection's) storage options
+    inputs = _inputs(source, key_field, states, log.storage_options) if include_input else None
     content = {
         "format": EXPORT_FORMAT,
         "fingerprint": fingerprint,

@@ -23,7 +23,6 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from airflow_provider_datagen.core.chunks import snapshot_items
@@ -40,6 +39,7 @@ from airflow_provider_datagen.core.planner import (
 )
 from airflow_provider_datagen.core.source_scan import JSONL, LANCE, PARQUET, scan_source, source_format
 from airflow_provider_datagen.core.sources import load_source, prepare_items, source_path
+from airflow_provider_datagen.core.store.paths import open_input_file
 from airflow_provider_datagen.core.store.projection import rows_of
 from airflow_provider_datagen.core.store.source_ref import (
     INLINE,
@@ -263,9 +263,9 @@ def source_item(ref: SourceRef, item_id: str, storage_options: dict[str, str] | 
     if ref.format == LANCE:
         rows = lance_rows_by_key(ref.uri, ref.key_field, key, storage_options)
     elif ref.format == PARQUET:
-        rows = _parquet_rows(ref.uri, ref.key_field, key)
+        rows = _parquet_rows(ref.uri, ref.key_field, key, storage_options)
     elif ref.format == JSONL:
-        rows = _jsonl_rows(ref.uri, ref.key_field, item_id, key)
+        rows = _jsonl_rows(ref.uri, ref.key_field, item_id, key, storage_options)
     else:
         raise InvalidItemError(f"source {ref.uri!r}: the recorded format {ref.format!r} is not a path source's")
     # an int key 5 and a string key "5" have one id: keep the rows whose key really is this item's
@@ -280,15 +280,8 @@ def _id_of(key: Any) -> str | None:
         return None
 
 
-def _open(uri: str) -> Any:
-    if "://" not in uri:
-        return open(uri, "rb")
-    fs, inner = pafs.FileSystem.from_uri(uri)
-    return fs.open_input_file(inner)
-
-
-def _parquet_rows(uri: str, key_field: str, key: str) -> list[dict[str, Any]]:
-    with _open(uri) as fh:
+def _parquet_rows(uri: str, key_field: str, key: str, storage_options: dict[str, str] | None) -> list[dict[str, Any]]:
+    with open_input_file(uri, storage_options) as fh:
         pf = pq.ParquetFile(fh)
         kind = pf.schema_arrow.field(key_field).type  # KeyError when the column is gone
         if pa.types.is_integer(kind):
@@ -306,12 +299,14 @@ def _parquet_rows(uri: str, key_field: str, key: str) -> list[dict[str, Any]]:
     return []
 
 
-def _jsonl_rows(uri: str, key_field: str, item_id: str, key: str) -> list[dict[str, Any]]:
+def _jsonl_rows(
+    uri: str, key_field: str, item_id: str, key: str, storage_options: dict[str, str] | None
+) -> list[dict[str, Any]]:
     # A line holds the key as JSON text; when no JSON writer escapes any of its characters (some write
     # "/" as "\/", "<" as "\u003c", non-ASCII as "\uXXXX"), lines without it are skipped unparsed,
     # which makes the scan about as fast as reading the file.
     needle = key.encode() if _UNESCAPED.fullmatch(key) else None
-    for line in _lines(uri):
+    for line in _lines(uri, storage_options):
         if needle is not None and needle not in line:
             continue
         if not line.strip():
@@ -328,8 +323,8 @@ def _jsonl_rows(uri: str, key_field: str, item_id: str, key: str) -> list[dict[s
     return []
 
 
-def _lines(uri: str) -> Iterator[bytes]:
-    with _open(uri) as fh:
+def _lines(uri: str, storage_options: dict[str, str] | None) -> Iterator[bytes]:
+    with open_input_file(uri, storage_options) as fh:
         if "://" not in uri:
             yield from fh
             return

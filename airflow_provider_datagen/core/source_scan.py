@@ -17,12 +17,12 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from airflow_provider_datagen.core.ids import key_of
 from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, prepare_items
 from airflow_provider_datagen.core.store.lance_io import lance_source_batches, lance_source_count, lance_source_rows
+from airflow_provider_datagen.core.store.paths import file_size, open_input_file
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 if TYPE_CHECKING:
@@ -147,18 +147,14 @@ def row_count(path: str, head: list[ScannedBatch], storage_options: dict[str, st
     """
     kind = source_format(path)
     if kind == PARQUET:
-        return int(_parquet_file(path).metadata.num_rows)
+        return int(_parquet_file(path, storage_options).metadata.num_rows)
     if kind == LANCE:
         return lance_source_count(path, storage_options)
     rows = sum(len(b.ids) for b in head)
     offsets = [b.offsets for b in head if b.offsets is not None and len(b.offsets)]
     if rows < 2 or not offsets:
         return rows
-    if "://" in path:
-        fs, inner = pafs.FileSystem.from_uri(path)
-        size = fs.get_file_info(inner).size or 0
-    else:
-        size = os.path.getsize(path)
+    size = file_size(path, storage_options)
     return max(rows, int(size / max(1.0, float(offsets[-1][-1]) / (rows - 1))))
 
 
@@ -183,11 +179,11 @@ def _batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tupl
     """Each batch's rows, their byte offsets (JSONL) and whether its schema makes every value plain."""
     kind = source_format(path)
     if kind == JSONL:
-        for rows, offsets in _jsonl_batches(path):
+        for rows, offsets in _jsonl_batches(path, storage_options):
             yield rows, offsets, False
         return
     batches = (
-        _parquet_file(path).iter_batches(batch_size=SCAN_BATCH)
+        _parquet_file(path, storage_options).iter_batches(batch_size=SCAN_BATCH)
         if kind == PARQUET
         else lance_source_batches(path, storage_options, SCAN_BATCH)
     )
@@ -206,18 +202,10 @@ def _plain_type(kind: pa.DataType) -> bool:
     )
 
 
-def _parquet_file(path: str) -> pq.ParquetFile:
+def _parquet_file(path: str, storage_options: dict[str, str] | None) -> pq.ParquetFile:
     if "://" not in path:
-        return pq.ParquetFile(path)
-    fs, inner = pafs.FileSystem.from_uri(path)
-    return pq.ParquetFile(fs.open_input_file(inner))
-
-
-def _open_binary(path: str) -> Any:
-    if "://" not in path:
-        return open(path, "rb")
-    fs, inner = pafs.FileSystem.from_uri(path)
-    return fs.open_input_file(inner)
+        return pq.ParquetFile(path)  # Arrow's own local file: no Python file object in the reads
+    return pq.ParquetFile(open_input_file(path, storage_options))
 
 
 def _loads(line: bytes, path: str, n: int) -> Any:
@@ -231,11 +219,11 @@ def _loads(line: bytes, path: str, n: int) -> Any:
         raise InvalidItemError(f"source {path!r} line {n} is not JSON: {exc}") from None
 
 
-def _jsonl_batches(path: str) -> Iterator[tuple[list[Any], np.ndarray]]:
+def _jsonl_batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tuple[list[Any], np.ndarray]]:
     rows: list[Any] = []
     offs: list[int] = []
     at = 0
-    with _open_binary(path) as fh:
+    with open_input_file(path, storage_options) as fh:
         for n, line in enumerate(_lines(fh), 1):
             if line.strip():
                 rows.append(_loads(line, path, n))
@@ -295,7 +283,7 @@ def read_rows(path: str, ranges: list[list[int]], storage_options: dict[str, str
         raise InvalidItemError(f"source {path!r} does not exist; check the path")
     if kind == JSONL:
         out: list[Any] = []
-        with _open_binary(path) as fh:
+        with open_input_file(path, storage_options) as fh:
             for start, stop, offset in ranges:
                 fh.seek(offset)
                 want = stop - start
@@ -311,7 +299,7 @@ def read_rows(path: str, ranges: list[list[int]], storage_options: dict[str, str
     )
     if kind == LANCE:
         return lance_source_rows(path, positions.tolist(), storage_options).to_pylist()
-    pf = _parquet_file(path)
+    pf = _parquet_file(path, storage_options)
     sizes = np.array([pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)], np.int64)
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1])) if len(sizes) else np.zeros(0, np.int64)
     group_of = np.searchsorted(starts, positions, side="right") - 1

@@ -8,6 +8,7 @@ changes nothing, an edited item is pending again and a renamed key is a new item
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -27,6 +28,7 @@ from airflow_provider_datagen.core.events import (
 )
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
+from airflow_provider_datagen.core.store.paths import open_input_file
 from airflow_provider_datagen.exceptions import InvalidItemError, bad_argument
 
 
@@ -296,12 +298,13 @@ def source_path(source: Any) -> str:
     return path
 
 
-def read_source(source: Any) -> Iterator[dict[str, Any]]:
+def read_source(source: Any, *, storage_options: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     """Iterate the dicts of a source: a list of dicts, or an absolute ``.jsonl``/``.parquet``/``.lance`` path or URI.
 
     Rows come as the format gives them (Arrow's ``to_pylist``: a timestamp column gives datetimes, a
     decimal column Decimals, a binary column bytes, a struct column dicts); see :func:`fingerprint_of`
-    for how such values are fingerprinted.
+    for how such values are fingerprinted. ``storage_options``: the datagen connection's, for a source
+    on an object store (any format).
     """
     if isinstance(source, (list, tuple)):
         yield from source
@@ -309,7 +312,8 @@ def read_source(source: Any) -> Iterator[dict[str, Any]]:
     path = source_path(source)
     lower = path.rstrip("/").lower()
     if lower.endswith(".jsonl") or lower.endswith(".ndjson"):
-        with open(path, encoding="utf-8") as fh:
+        # text mode, as open(path, encoding="utf-8") reads it, for a local file and an object alike
+        with io.TextIOWrapper(open_input_file(path, storage_options), encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):
                 if line.strip():
                     try:
@@ -317,9 +321,14 @@ def read_source(source: Any) -> Iterator[dict[str, Any]]:
                     except json.JSONDecodeError as exc:
                         raise InvalidItemError(f"source {path!r} line {n} is not JSON: {exc}") from None
     elif lower.endswith(".parquet"):
-        yield from _table_rows(pq.read_table(path))
+        if "://" not in path:
+            yield from _table_rows(pq.read_table(path))
+        else:
+            with open_input_file(path, storage_options) as fh:
+                table = pq.read_table(fh)
+            yield from _table_rows(table)
     elif lower.endswith(".lance"):
-        yield from _table_rows(read_lance_table(path))
+        yield from _table_rows(read_lance_table(path, storage_options))
     else:
         raise InvalidItemError(f"source {path!r}: unknown format; use a .jsonl, .parquet or .lance path")
 
@@ -329,9 +338,11 @@ def _table_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
         yield from batch.to_pylist()
 
 
-def load_source(source: Any, key_field: str = "id") -> list[SourceItem]:
-    """Read and validate a whole source."""
-    return prepare_items(read_source(source), key_field)
+def load_source(
+    source: Any, key_field: str = "id", *, storage_options: dict[str, str] | None = None
+) -> list[SourceItem]:
+    """Read and validate a whole source (``storage_options``: see :func:`read_source`)."""
+    return prepare_items(read_source(source, storage_options=storage_options), key_field)
 
 
 def snapshot_digest(items: list[SourceItem]) -> str:

@@ -250,7 +250,10 @@ class DatagenMapOperator(DatagenBaseOperator):
         from airflow_provider_datagen.core.chunks import chunk_items
 
         if self.chunk is None:
-            return load_source(self.source, self.key_field), self.key_field
+            return (
+                load_source(self.source, self.key_field, storage_options=self.hook.storage_options or None),
+                self.key_field,
+            )
         items = chunk_items(
             self.chunk,
             pipeline=self.pipeline,

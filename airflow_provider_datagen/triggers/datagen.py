@@ -72,14 +72,16 @@ def compute_status(
     exists = event_log.exists()
     if not exists and not allow_missing:
         require_experiment(event_log, fix=MISSING_FIX)
-    return status_of(event_log, None if source is None else _source_items(source), key_field), exists
+    items = None if source is None else _source_items(source, event_log.storage_options)
+    return status_of(event_log, items, key_field), exists
 
 
-def _source_items(source: Any) -> Any:
+def _source_items(source: Any, storage_options: dict[str, str] | None) -> Any:
     # Deferred: see compute_status.
     from airflow_provider_datagen.core import read_source
 
-    return list(read_source(source))
+    # the connection's storage options: an object-store source reads as the plan read it
+    return list(read_source(source, storage_options=storage_options))
 
 
 def failed_items_exceeded(status: dict[str, Any], max_failed_items: int | None) -> bool:

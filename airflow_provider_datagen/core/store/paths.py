@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_datagen.core.ids import check_name
-from airflow_provider_datagen.exceptions import DatagenError
+from airflow_provider_datagen.exceptions import DatagenError, InvalidItemError
 
 CHECKPOINTS_DIR = "datagen_checkpoints"
 LOG_DIR = "log.lance"
@@ -129,6 +129,10 @@ _S3_OPTIONS = {
 
 
 def object_store_fs(root: str, storage_options: dict[str, str]) -> tuple[Any, str]:
+    """A ``pyarrow.fs`` filesystem for ``root`` and the path inside it; S3 with the connection's storage options.
+
+    Without options, or for another scheme, pyarrow's own reading of the URI (its default credential chain).
+    """
     # Deferred: pyarrow.fs loads the S3 client, which a local-only deployment never needs.
     import pyarrow.fs as pafs
 
@@ -178,3 +182,69 @@ def list_experiments(root: str, storage_options: dict[str, str] | None = None) -
     if is_local(root):
         return _list_local(root)
     return _list_object_store(root, storage_options or {})
+
+
+# --- a source file, read with the connection's storage options ---------------------------------------
+
+#: Storage option keys whose values an error may show (everything else, credentials first, is masked).
+_SHOWN_OPTIONS = ("endpoint", "region", "allow_http")
+
+
+def open_input_file(uri: str, storage_options: dict[str, str] | None = None) -> Any:
+    """A binary file to read the source file at ``uri``: a local path (``open``) or an object-store URI.
+
+    An object-store URI is opened with the connection's ``storage_options`` (see :func:`object_store_fs`),
+    as its Lance sources are, so a JSONL or Parquet source on an S3-compatible endpoint reads as a local
+    one does. The file is random-access (``seek``), as a chunk's read of its rows needs.
+
+    :raises InvalidItemError: the file does not exist, or the store refuses or cannot be reached (the
+        message names the URI and never a credential).
+    """
+    if "://" not in uri:
+        try:
+            return open(uri, "rb")
+        except FileNotFoundError:
+            raise _missing(uri) from None
+    try:
+        fs, inner = object_store_fs(uri, storage_options or {})
+        return fs.open_input_file(inner)
+    except FileNotFoundError:
+        raise _missing(uri) from None
+    except (OSError, ValueError) as exc:  # ArrowInvalid (an unknown scheme, a bad option) is a ValueError
+        raise _unreadable(uri, exc, storage_options) from None
+
+
+def file_size(uri: str, storage_options: dict[str, str] | None = None) -> int:
+    """The size in bytes of the source file at ``uri`` (errors as :func:`open_input_file`'s)."""
+    if "://" not in uri:
+        try:
+            return os.path.getsize(uri)
+        except FileNotFoundError:
+            raise _missing(uri) from None
+    # Deferred, as in object_store_fs.
+    import pyarrow.fs as pafs
+
+    try:
+        fs, inner = object_store_fs(uri, storage_options or {})
+        info = fs.get_file_info(inner)
+    except (OSError, ValueError) as exc:
+        raise _unreadable(uri, exc, storage_options) from None
+    if info.type == pafs.FileType.NotFound:
+        raise _missing(uri)
+    return int(info.size or 0)
+
+
+def _missing(uri: str) -> InvalidItemError:
+    # the wording of a missing local source (sources.source_path), whatever the store
+    return InvalidItemError(f"source {uri!r} does not exist; check the path")
+
+
+def _unreadable(uri: str, exc: BaseException, storage_options: dict[str, str] | None) -> InvalidItemError:
+    reason = str(exc)
+    for key, value in (storage_options or {}).items():
+        if value and not any(word in key.lower() for word in _SHOWN_OPTIONS):
+            reason = reason.replace(str(value), "***")
+    return InvalidItemError(
+        f"source {uri!r} cannot be read: {reason[:300]}; check the connection's storage_options "
+        "(endpoint, region, credentials) and that they may read this object"
+    )
