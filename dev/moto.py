@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dev.processes import (
     LOOPBACK,
@@ -87,18 +87,22 @@ class MotoServer:
                 self.stop()
                 raise StackError(f"the moto server did not start:\n{tail(self.log_path)}")
             time.sleep(0.1)
+        s3 = self.client("s3")
+        for bucket in self.buckets:
+            s3.create_bucket(Bucket=bucket)
+
+    def client(self, service: str) -> Any:
+        """A boto3 client of this server's ``service`` (``"s3"``, ``"iam"``), with the root credentials."""
         # Deferred: boto3 is a dev dependency, only the stack needs it.
         import boto3
 
-        s3 = boto3.client(
-            "s3",
+        return boto3.client(
+            service,
             endpoint_url=self.endpoint,
             aws_access_key_id=ACCESS_KEY_ID,
             aws_secret_access_key=SECRET_ACCESS_KEY,
             region_name=REGION,
         )
-        for bucket in self.buckets:
-            s3.create_bucket(Bucket=bucket)
 
     def stop(self) -> None:
         if self.process is not None:

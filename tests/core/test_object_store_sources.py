@@ -13,7 +13,6 @@ import json
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -29,7 +28,7 @@ from airflow_provider_datagen.core.sources import load_source, read_source, sour
 from airflow_provider_datagen.core.store import paths
 from airflow_provider_datagen.core.store.paths import file_size, object_store_fs, open_input_file
 from airflow_provider_datagen.exceptions import InvalidItemError
-from dev.moto import ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY, MotoServer
+from dev.moto import MotoServer
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -64,13 +63,7 @@ def write_local(tmp: Path, rows: list[dict[str, Any]]) -> dict[str, str]:
 
 def require_credentials(server: MotoServer) -> dict[str, str]:
     """An IAM user allowed everything, then moto authenticates every request; that user's storage options."""
-    iam = boto3.client(
-        "iam",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=ACCESS_KEY_ID,
-        aws_secret_access_key=SECRET_ACCESS_KEY,
-        region_name=REGION,
-    )
+    iam = server.client("iam")
     iam.create_user(UserName="datagen")
     policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
     iam.put_user_policy(UserName="datagen", PolicyName="all", PolicyDocument=json.dumps(policy))
