@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_provider_datagen.core.ids import key_of
-from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, prepare_items
+from airflow_provider_datagen.core.sources import SourceItem, fingerprint_batch, fingerprint_rows, prepare_items
 from airflow_provider_datagen.core.store.lance_io import lance_source_batches, lance_source_count, lance_source_rows
 from airflow_provider_datagen.core.store.paths import file_size, open_input_file
 from airflow_provider_datagen.exceptions import InvalidItemError
@@ -73,14 +73,21 @@ def scan_batches(path: str, key_field: str, storage_options: dict[str, str] | No
     """
     start = 0
     for rows, offs, plain in _batches(path, storage_options):
-        fast = fingerprint_rows(rows, key_field, plain=plain)
+        fast: tuple[Any, pa.Array] | None = None
+        if isinstance(rows, pa.RecordBatch):
+            fast = fingerprint_batch(rows, key_field) if plain else None
+            if fast is None:
+                rows = rows.to_pylist()
+        if fast is None:
+            fast = fingerprint_rows(rows, key_field, plain=plain)
         if fast is None:
             items = prepare_items(rows, key_field, start=start)
             fast = [s.item_id for s in items], pa.array([s.fingerprint for s in items], pa.string())
             del items
         start += len(rows)
         del rows
-        scanned = ScannedBatch(pa.array(fast[0], pa.string()), fast[1], offs)
+        ids = fast[0] if isinstance(fast[0], pa.Array) else pa.array(fast[0], pa.string())
+        scanned = ScannedBatch(ids, fast[1], offs)
         del fast
         yield scanned
 
@@ -175,8 +182,10 @@ def _duplicated(ids: pa.Array, window: int = 1 << 20) -> pa.Array | None:
     return pc.unique(pa.concat_arrays(found)) if found else None
 
 
-def _batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tuple[list[Any], np.ndarray | None, bool]]:
-    """Each batch's rows, their byte offsets (JSONL) and whether its schema makes every value plain."""
+def _batches(
+    path: str, storage_options: dict[str, str] | None
+) -> Iterator[tuple[list[Any] | pa.RecordBatch, np.ndarray | None, bool]]:
+    """Each batch (rows, or an Arrow batch), its byte offsets (JSONL) and whether its schema makes every value plain."""
     kind = source_format(path)
     if kind == JSONL:
         for rows, offsets in _jsonl_batches(path, storage_options):
@@ -188,7 +197,7 @@ def _batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tupl
         else lance_source_batches(path, storage_options, SCAN_BATCH)
     )
     for batch in batches:
-        yield batch.to_pylist(), None, all(_plain_type(f.type) for f in batch.schema)
+        yield batch, None, all(_plain_type(f.type) for f in batch.schema)
 
 
 def _plain_type(kind: pa.DataType) -> bool:

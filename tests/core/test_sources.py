@@ -223,6 +223,63 @@ def test_fingerprint_rows_declines_every_key_that_needs_escaping_or_is_refused()
     ]
 
 
+# Column values that a column-wise encoding could split wrongly: quotes, commas, backslashes, escapes.
+arrow_texts = st.text(
+    st.one_of(st.sampled_from('",\\:/%\x00\x1f\u2028é😀'), st.characters(blacklist_categories=("Cs",))), max_size=6
+)
+
+
+@st.composite
+def arrow_batches(draw: Any) -> pa.RecordBatch:
+    """A batch of string, integer and boolean columns (sometimes a null), keyed by ``id``."""
+    n = draw(st.integers(1, 12))
+    keys = draw(
+        st.one_of(
+            st.lists(st.from_regex(r"[a-z0-9_\-é]{1,6}", fullmatch=True), min_size=n, max_size=n, unique=True),
+            st.lists(st.integers(-(10**18) + 1, 10**18 - 1), min_size=n, max_size=n, unique=True),
+            st.lists(arrow_texts, min_size=n, max_size=n),
+        )
+    )
+    columns = {"id": keys}
+    for name in draw(st.lists(st.one_of(arrow_texts, st.just("a")), max_size=3, unique=True)):
+        if name == "id":
+            continue
+        kind = draw(st.sampled_from(["text", "int", "bool"]))
+        value = {"text": arrow_texts, "int": st.integers(-(2**63), 2**63 - 1), "bool": st.booleans()}[kind]
+        columns[name] = draw(st.lists(st.one_of(value, value, value, st.none()), min_size=n, max_size=n))
+    return pa.RecordBatch.from_pydict(columns)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(arrow_batches())
+def test_fingerprint_batch_gives_the_row_paths_ids_and_fingerprints_or_declines(batch: pa.RecordBatch) -> None:
+    got = sources.fingerprint_batch(batch, "id")
+    rows = batch.to_pylist()
+    expected = sources.fingerprint_rows(rows, "id", plain=True)
+    if got is None:
+        return
+    assert expected is not None, "the column path took a batch the row path refuses"
+    ids, fps = got
+    assert ids.type == pa.string() and ids.to_pylist() == expected[0]
+    assert fps.to_pylist() == expected[1].to_pylist()
+    assert fps.to_pylist() == [fingerprint_of(r) for r in rows]
+
+
+def test_fingerprint_batch_takes_the_common_batch_and_declines_what_it_cannot_split() -> None:
+    plain = pa.RecordBatch.from_pylist(
+        [{"id": f"k{i}", "text": f'say "{i}", \\ é', "n": i, "ok": True} for i in range(5)]
+    )
+    _, fps = sources.fingerprint_batch(plain, "id")
+    assert fps.to_pylist() == [fingerprint_of(r) for r in plain.to_pylist()]
+    # a value whose encoding holds '","' (here the one-character string ","), a null, a nested column
+    for rows in (
+        [{"id": "a", "text": ","}, {"id": "b", "text": "x"}],
+        [{"id": "a", "text": None}, {"id": "b", "text": "x"}],
+        [{"id": "a", "tags": ["x"]}],
+    ):
+        assert sources.fingerprint_batch(pa.RecordBatch.from_pylist(rows), "id") is None, rows
+
+
 def test_common_items_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     items = [
         {"id": "item-0000001", "v": 1},
