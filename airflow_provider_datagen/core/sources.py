@@ -304,9 +304,8 @@ def _batch_ids(keys: pa.Array) -> pa.Array | None:
     lengths = pc.min_max(pc.utf8_length(keys))
     if lengths["min"].as_py() == 0 or lengths["max"].as_py() > MAX_KEY_LENGTH:
         return None
-    for reserved in ("\x00", "%", "/", ":"):
-        if pc.any(pc.match_substring(keys, reserved)).as_py():
-            return None
+    if pc.any(pc.match_substring_regex(keys, "[\\x00%/:]")).as_py():  # a character an id must escape
+        return None
     return keys
 
 
