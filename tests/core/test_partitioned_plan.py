@@ -201,3 +201,34 @@ def test_a_partitioned_plan_of_an_empty_log_is_every_item_fresh(tmp_path: Path, 
     assert result.plan.fresh == [r["id"] for r in rows]
     assert [c["rows"] for c in result.chunks] == [[[0, 1000]], [[1000, 2000]], [[2000, 2500]]]
     assert result.status == status_of(log, rows)
+
+
+def test_the_plan_shortens_gil_turns_only_while_it_runs_even_when_it_fails(
+    tmp_path: Path, partitioned: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    seen: list[float] = []
+    classify = part_mod._classify_bucket
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        seen.append(sys.getswitchinterval())
+        classify(*args, **kwargs)
+
+    monkeypatch.setattr(part_mod, "_classify_bucket", spy)
+    before = sys.getswitchinterval()
+    rows = source_rows(2500)
+    path = tmp_path / "src.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=700)
+    log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e")
+    plan_chunks(log, str(path), chunk_size=1000)
+    assert seen and all(turn == pytest.approx(min(before, 1e-4)) for turn in seen)  # stored in microseconds
+    assert sys.getswitchinterval() == pytest.approx(before)
+
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise InvalidItemError("a bucket failed")
+
+    monkeypatch.setattr(part_mod, "_classify_bucket", boom)
+    with pytest.raises(InvalidItemError, match="a bucket failed"):
+        plan_chunks(log, str(path), chunk_size=1000)
+    assert sys.getswitchinterval() == pytest.approx(before)
