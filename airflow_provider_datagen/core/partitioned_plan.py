@@ -138,6 +138,24 @@ class _Collected:
     failed_sample: list[str] = field(default_factory=list)
 
 
+@contextlib.contextmanager
+def _short_gil_turns() -> Iterator[None]:
+    """Hand the GIL over every 0.1 ms instead of 5 ms while the plan's two threads run.
+
+    The source's fingerprinting holds the GIL almost all the time; the log's pass releases it in
+    every Arrow call and then waits up to a whole switch interval to get it back, thousands of times:
+    at 10M items / 49M events that pass took 33-39 s beside the fingerprinting against 21 s alone,
+    and the whole cold plan ~6 % longer with the default interval (same-run measure, ADR 0019).
+    """
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, 1e-4))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+@_short_gil_turns()
 def plan_partitioned(
     log: CheckpointLog,
     path: str,
@@ -157,37 +175,6 @@ def plan_partitioned(
     bound_allocator()
     streams = log.fold_streams()
     k = bucket_count(source_rows, 0 if streams is None else streams.event_count)
-    with _short_gil_turns():
-        return _plan_partitioned(log, path, key_field, batches, processor_version, redo_completed, streams, k)
-
-
-@contextlib.contextmanager
-def _short_gil_turns() -> Iterator[None]:
-    """Hand the GIL over every 0.1 ms instead of 5 ms while the plan's two threads run.
-
-    The source's fingerprinting holds the GIL almost all the time; the log's pass releases it in
-    every Arrow call and then waits up to a whole switch interval to get it back, thousands of times:
-    at 10M items / 49M events that pass took 33-39 s beside the fingerprinting against 21 s alone,
-    and the whole cold plan ~6 % longer with the default interval (same-run measure, ADR 0019).
-    """
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, 1e-4))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-
-
-def _plan_partitioned(
-    log: CheckpointLog,
-    path: str,
-    key_field: str,
-    batches: Iterable[ScannedBatch],
-    processor_version: str,
-    redo_completed: str,
-    streams: FoldStreams | None,
-    k: int,
-) -> PathPlan:
     stop = threading.Event()
     with (
         tempfile.TemporaryDirectory(prefix="datagen-plan-") as tmp,
