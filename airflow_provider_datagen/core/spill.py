@@ -104,19 +104,22 @@ _M_MMAP_THRESHOLD = -3
 
 
 def bound_allocator() -> None:
-    """Make glibc map large blocks (from :data:`MMAP_THRESHOLD` up) and unmap them when freed.
+    """Make glibc map blocks from :data:`MMAP_THRESHOLD` up and unmap them when freed.
 
     By default, once a large block is freed glibc raises that threshold (up to 32 MB) and serves
-    such blocks from its heap, where freed pages stay resident: a bucket's numpy arrays then kept
-    the process's peak at 910 MB for 1M items, ~530 MB with the threshold fixed (the rest of the
-    process is unaffected but for a syscall per large block). A no-op off glibc.
+    such blocks from its heap, where freed pages stay resident: a bucket's numpy arrays then kept a
+    cold 1M-item plan's peak at ~910 MB. Fixing the threshold turns that growth off. Where it is fixed
+    is a trade of memory for time: at glibc's default of 128 KB every scan batch's arrays were mapped
+    and unmapped, and the kernel zeroing their pages was a third of a cold 10M plan's time (49 s,
+    28 s of it system time, against 36 s with 16 MB; same-run measures in ADR 0019). A no-op off glibc.
     """
     if _LIBC is not None:
         _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
-#: glibc's default mmap threshold; fixing it turns its growth off (see :func:`bound_allocator`).
-MMAP_THRESHOLD = 128 * 1024
+#: Blocks glibc maps (and unmaps when freed) from this size up (see :func:`bound_allocator`): the
+#: arrays of a bucket, not those of a scan batch.
+MMAP_THRESHOLD = 16 * 1024 * 1024
 
 
 def give_back_memory() -> None:
@@ -156,7 +159,9 @@ class Spill:
             self.schema = batch.schema
         counts = np.bincount(buckets, minlength=len(self.paths))
         one = len(self.paths) == 1
-        grouped = batch if one else batch.take(pa.array(np.argsort(buckets, kind="stable")))
+        # a stable sort of one byte (two past 256 buckets) is numpy's radix sort: half an int64 sort's time
+        narrow = buckets.astype(np.uint8 if len(self.paths) <= 256 else np.uint16)
+        grouped = batch if one else batch.take(pa.array(np.argsort(narrow, kind="stable")))
         at = 0
         for b in np.flatnonzero(counts).tolist():
             self.held[b].append(grouped.slice(at, int(counts[b])))
