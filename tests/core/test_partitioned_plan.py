@@ -13,12 +13,12 @@ import pytest
 from airflow_provider_datagen.core import CheckpointLog
 from airflow_provider_datagen.core import partitioned_plan as part_mod
 from airflow_provider_datagen.core import source_scan as scan_mod
+from airflow_provider_datagen.core import spill as spill_mod
 from airflow_provider_datagen.core.chunks import chunk_items, plan_chunks
 from airflow_provider_datagen.core.fold import fold_table
 from airflow_provider_datagen.core.partitioned_plan import bucket_count
 from airflow_provider_datagen.core.planner import plan_resume, status_of
 from airflow_provider_datagen.core.schema import LIGHT_COLUMNS
-from airflow_provider_datagen.core import spill as spill_mod
 from airflow_provider_datagen.core.spill import Spill, buckets_of, id_hash
 from airflow_provider_datagen.core.status import tally
 from airflow_provider_datagen.core.store import maintenance, projection
