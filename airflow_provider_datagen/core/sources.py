@@ -270,18 +270,19 @@ def _encoded_column(column: pa.Array, n: int) -> pa.Array | None:
     quoted = pa.types.is_string(kind) or pa.types.is_large_string(kind)
     if not (quoted or pa.types.is_integer(kind) or pa.types.is_boolean(kind)):
         return None
-    data = orjson.dumps(column.to_pylist())[1:-1] + b","
+    data = bytearray(orjson.dumps(column.to_pylist()))  # '[v0,v1,...]': one copy, to end the last value with ','
+    data[-1] = _COMMA
     codes = np.frombuffer(data, dtype=np.uint8)
+    commas = np.flatnonzero(codes[1:-1] == _COMMA) + 1  # not the last: it ends the last value
     if quoted:
-        # Inside a JSON string every quote is escaped, so '","' is always a comma between two values.
-        ends = np.flatnonzero((codes[1:-1] == _COMMA) & (codes[:-2] == _QUOTE) & (codes[2:] == _QUOTE)) + 1
-    else:
-        ends = np.flatnonzero(codes[:-1] == _COMMA)
-    if len(ends) != n - 1 or len(data) >= 1 << 31:
+        # A quote inside a string is escaped, so '","' is a comma between two values or a value's whole
+        # text (the string ","): the count below tells them apart, as every separator is found.
+        commas = commas[(codes[commas - 1] == _QUOTE) & (codes[commas + 1] == _QUOTE)]
+    if len(commas) != n - 1 or len(data) >= 1 << 31:
         return None
     offsets = np.empty(n + 1, dtype=np.int32)
-    offsets[0], offsets[n] = 0, len(data)
-    offsets[1:n] = ends + 1
+    offsets[0], offsets[n] = 1, len(data)  # after the '['
+    offsets[1:n] = commas + 1
     return pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
