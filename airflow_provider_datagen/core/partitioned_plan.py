@@ -13,9 +13,7 @@ item's rows, so the plan, the status and the duplicate-key check are exactly the
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import math
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
+from airflow_provider_datagen.core.gil import short_gil_turns
 from airflow_provider_datagen.core.planner import (
     CLS_DEMOTED,
     CLS_FRESH,
@@ -138,24 +137,7 @@ class _Collected:
     failed_sample: list[str] = field(default_factory=list)
 
 
-@contextlib.contextmanager
-def _short_gil_turns() -> Iterator[None]:
-    """Hand the GIL over every 0.1 ms instead of 5 ms while the plan's two threads run.
-
-    The source's fingerprinting holds the GIL almost all the time; the log's pass releases it in
-    every Arrow call and then waits up to a whole switch interval to get it back, thousands of times:
-    at 10M items / 49M events that pass took 33-39 s beside the fingerprinting against 21 s alone,
-    and the whole cold plan ~6 % longer with the default interval (same-run measure, ADR 0019).
-    """
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, 1e-4))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-
-
-@_short_gil_turns()
+@short_gil_turns()
 def plan_partitioned(
     log: CheckpointLog,
     path: str,

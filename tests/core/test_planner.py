@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 import pytest
 
-from airflow_provider_datagen.core import plan_resume, run_items, status_of
+from airflow_provider_datagen.core import CheckpointLog, plan_resume, planner, run_items, status_of
 from airflow_provider_datagen.core.chunks import plan_chunks
-from airflow_provider_datagen.exceptions import ConfigurationError
+from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
 from tests._support.engine import flat_output, make_items, open_log
 
 
@@ -89,3 +91,63 @@ def test_status_counts_completed_items_by_processor_version(log: Any) -> None:
     items[3]["text"] = "edited"
     assert status_of(log, items)["completed_by_version"] == {"v1": 1, "v2": 2}
     assert status_of(log, make_items(1))["completed_by_version"] == {"v2": 1}
+
+
+def states_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thread of every ``states_for`` call from now on."""
+    threads: list[str] = []
+    read = CheckpointLog.states_for
+
+    def spy(self: CheckpointLog, ids: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return read(self, ids)
+
+    monkeypatch.setattr(CheckpointLog, "states_for", spy)
+    return threads
+
+
+def source_of_every_class() -> list[dict[str, Any]]:
+    items = make_items(9)  # 6-8 never seen
+    items[2]["text"] = "edited"  # invalidated
+    return items[::-1]
+
+
+def test_a_large_raw_source_reads_its_states_beside_the_fingerprinting_and_plans_the_same(
+    log: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    items = source_of_every_class()
+    threads = states_reads(monkeypatch)
+    expected = plan_resume(log, items, processor_version="v2")
+    assert threads == ["MainThread"]  # below READ_AHEAD_ROWS: one read, after the fingerprints
+    assert expected.invalidated == ["2"] and expected.fresh == ["8", "7", "6"] and expected.demoted == ["5"]
+    monkeypatch.setattr(planner, "READ_AHEAD_ROWS", 2)
+    before = sys.getswitchinterval()
+    threads.clear()
+    assert plan_resume(log, items, processor_version="v2") == expected
+    assert len(threads) == 1 and threads[0].startswith("datagen-plan")  # one read, beside, and used
+    assert sys.getswitchinterval() == before
+    # str keys too (ids as given), and an explicit states table needs no read at all
+    threads.clear()
+    named = [{**item, "id": f"k{item['id']}"} for item in items]
+    assert plan_resume(log, named) == plan_resume(log, named, states=log.states())
+    assert len(threads) == 1 and threads[0].startswith("datagen-plan")  # the second plan read nothing
+
+
+def test_a_read_ahead_is_dropped_when_the_fingerprinting_declines_or_finds_a_repeat(
+    log: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a key with a '/' is no id as given: the read of the keys is dropped and the items' ids read
+    items = [{**item, "id": f"k{item['id']}"} for item in source_of_every_class()] + [{"id": "a/b", "text": "x"}]
+    repeated = [*make_items(4), make_items(4)[1]]
+    with pytest.raises(InvalidItemError) as alone:
+        plan_resume(log, repeated)
+    expected = plan_resume(log, items, processor_version="v2")
+    assert expected.fresh[-1] == "a%2Fb"
+    monkeypatch.setattr(planner, "READ_AHEAD_ROWS", 2)
+    threads = states_reads(monkeypatch)
+    assert plan_resume(log, items, processor_version="v2") == expected
+    assert len(threads) == 2 and threads[0].startswith("datagen-plan") and threads[1] == "MainThread"
+    # a repeated key: Arrow's count says so, and prepare_items raises the error naming both items
+    with pytest.raises(InvalidItemError) as ahead:
+        plan_resume(log, repeated)
+    assert str(ahead.value) == str(alone.value) and "duplicate" in str(ahead.value)

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_datagen.core import CheckpointLog
+from airflow_provider_datagen.core import planner as planner_mod
 from airflow_provider_datagen.core import source_scan as scan_mod
 from airflow_provider_datagen.core.chunks import chunk_items, plan_chunks
 from airflow_provider_datagen.core.events import fingerprint_of
@@ -198,3 +199,16 @@ def test_a_source_shortened_after_planning_fails_the_chunk_with_the_fix(tmp_path
     pq.write_table(pa.Table.from_pylist(source_rows(30)), path)
     with pytest.raises(InvalidItemError, match="rerun the plan task"):
         chunk_items(chunks[2], pipeline="p", experiment="e", processor_version="v1")
+
+
+def test_a_states_read_beside_the_fingerprinting_plans_every_class_alike(
+    planned_log: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log, source, _ = planned_log
+    expected = plan_resume(log, source, processor_version="v1")
+    assert len(source) < planner_mod.READ_AHEAD_ROWS  # the plan above read its states after the fingerprints
+    monkeypatch.setattr(planner_mod, "READ_AHEAD_ROWS", 1000)
+    assert plan_resume(log, source, processor_version="v1") == expected
+    assert plan_resume(log, source, processor_version="v0", redo_completed="other_version") == plan_resume(
+        log, source, processor_version="v0", redo_completed="other_version", states=log.states()
+    )
