@@ -51,7 +51,7 @@ from airflow_provider_datagen.core.status import FAILED_SAMPLE, summarize, versi
 from airflow_provider_datagen.core.store.projection import ProjectionUnreadable, rows_of
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
     from airflow_provider_datagen.core.store.log import CheckpointLog
     from airflow_provider_datagen.core.store.projection import FoldStreams
@@ -205,12 +205,21 @@ def plan_partitioned(
             _classify_bucket(acc, mine, table, processor_version, redo_completed, jsonl, log)
             del mine, table, ids
             give_back_memory()
+        writing = None
         if stored is not None and store is not None:
             stored.close()
-            if stored.writers[0] is not None:
-                with pa.OSFile(stored.paths[0]) as fh:
-                    store(pa.ipc.open_stream(fh))
-    return _assemble(log, acc, n, jsonl)
+            if stored.writers[0] is not None:  # Lance writes the fold while this thread assembles the plan
+                writing = pool.submit(_store_spilled, stored.paths[0], store)
+        planned = _assemble(log, acc, n, jsonl)
+        if writing is not None:
+            writing.result()
+    return planned
+
+
+def _store_spilled(path: str, store: Callable[[pa.RecordBatchReader], Any]) -> None:
+    """Stream the fold spilled at ``path`` into ``store`` (the fold cache's writer)."""
+    with pa.OSFile(path) as fh:
+        store(pa.ipc.open_stream(fh))
 
 
 def _spill_states(tmp: str, streams: FoldStreams | None, k: int, stop: threading.Event) -> tuple[Spill, bool]:
