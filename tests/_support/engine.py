@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -357,3 +358,16 @@ def fields_of_export(dest: str | Path) -> dict[str, dict[str, Any]]:
             if r[col] is not None
         }
     return out
+
+
+def calling_threads(monkeypatch: Any, name: str) -> list[str]:
+    """The thread of every call of ``CheckpointLog.<name>`` from now on (the method still runs)."""
+    threads: list[str] = []
+    original = getattr(CheckpointLog, name)
+
+    def spy(self: CheckpointLog, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointLog, name, spy)
+    return threads

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any
 
 import pytest
 
-from airflow_provider_datagen.core import CheckpointLog, plan_resume, planner, run_items, status_of
+from airflow_provider_datagen.core import plan_resume, planner, run_items, status_of
 from airflow_provider_datagen.core.chunks import plan_chunks
 from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
-from tests._support.engine import flat_output, make_items, open_log
+from tests._support.engine import calling_threads, flat_output, make_items, open_log
 
 
 @pytest.fixture
@@ -93,19 +92,6 @@ def test_status_counts_completed_items_by_processor_version(log: Any) -> None:
     assert status_of(log, make_items(1))["completed_by_version"] == {"v2": 1}
 
 
-def states_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The thread of every ``states_for`` call from now on."""
-    threads: list[str] = []
-    read = CheckpointLog.states_for
-
-    def spy(self: CheckpointLog, ids: Any) -> Any:
-        threads.append(threading.current_thread().name)
-        return read(self, ids)
-
-    monkeypatch.setattr(CheckpointLog, "states_for", spy)
-    return threads
-
-
 def source_of_every_class() -> list[dict[str, Any]]:
     items = make_items(9)  # 6-8 never seen
     items[2]["text"] = "edited"  # invalidated
@@ -116,7 +102,7 @@ def test_a_large_raw_source_reads_its_states_beside_the_fingerprinting_and_plans
     log: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     items = source_of_every_class()
-    threads = states_reads(monkeypatch)
+    threads = calling_threads(monkeypatch, "states_for")
     expected = plan_resume(log, items, processor_version="v2")
     assert threads == ["MainThread"]  # below READ_AHEAD_ROWS: one read, after the fingerprints
     assert expected.invalidated == ["2"] and expected.fresh == ["8", "7", "6"] and expected.demoted == ["5"]
@@ -144,7 +130,7 @@ def test_a_read_ahead_is_dropped_when_the_fingerprinting_declines_or_finds_a_rep
     expected = plan_resume(log, items, processor_version="v2")
     assert expected.fresh[-1] == "a%2Fb"
     monkeypatch.setattr(planner, "READ_AHEAD_ROWS", 2)
-    threads = states_reads(monkeypatch)
+    threads = calling_threads(monkeypatch, "states_for")
     assert plan_resume(log, items, processor_version="v2") == expected
     assert len(threads) == 2 and threads[0].startswith("datagen-plan") and threads[1] == "MainThread"
     # a repeated key: Arrow's count says so, and prepare_items raises the error naming both items

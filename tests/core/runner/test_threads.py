@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_datagen.core import CheckpointLog, Loop, MapReduce, Sequence, Step, run_items
+from airflow_provider_datagen.core import Loop, MapReduce, Sequence, Step, run_items
 from airflow_provider_datagen.core.runner import MIN_PULL
 from airflow_provider_datagen.exceptions import ConfigurationError, ItemFailedError
 from tests._support.engine import (
     Crash,
+    calling_threads,
     flat_output,
     make_items,
     open_log,
@@ -313,14 +314,7 @@ def test_workers_never_read_the_log_for_a_restarted_fanout_root(tmp_path: Any, m
 
     pipeline = Sequence("top", [blob, Step("last", last)])
 
-    readers: list[str] = []
-    original = CheckpointLog.load_blob
-
-    def load_blob(log: CheckpointLog, event_id: str) -> bytes:
-        readers.append(threading.current_thread().name)
-        return original(log, event_id)
-
-    monkeypatch.setattr(CheckpointLog, "load_blob", load_blob)
+    readers = calling_threads(monkeypatch, "load_blob")
     logs = {}
     for name, concurrency in (("seq", 1), ("par", 4)):
         log = logs[name] = open_log(tmp_path, name)
