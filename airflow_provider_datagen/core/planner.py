@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +23,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.gil import short_gil_turns
 from airflow_provider_datagen.core.schema import ItemStatus
-from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, prepare_items
+from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, prepare_items, row_ids
 from airflow_provider_datagen.core.status import NO_VERSION, version_counts
 from airflow_provider_datagen.exceptions import bad_argument
 
@@ -280,22 +279,22 @@ def plan_resume(
         # raw dicts: ids and fingerprints straight from the rows, no item objects, when every row is
         # plain and the keys are unique; otherwise prepare_items builds the items or raises
         rows = list(items)
+        keys = row_ids(rows, key_field)
         with (
             short_gil_turns(),
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="datagen-plan") as pool,
         ):
-            ahead = _read_ahead(pool, log, rows, key_field) if states is None else None
-            fast = fingerprint_rows(rows, key_field)
+            ahead = _read_ahead(pool, log, keys) if keys is not None and states is None else None
+            fast = None if keys is None else fingerprint_rows(rows, key_field, ids=keys)
             if fast is not None:
                 ids, fps = fast
-                if ahead is not None and ahead[0] == ids:  # the read was of these very ids
-                    unique, states, index = ahead[1].result()
-                    if unique:
-                        return _classify(
-                            _fingerprints_in(fps), ids, states, processor_version, log.version, index, redo_completed
-                        )
-                elif len(set(ids)) == len(ids):
-                    return _plan(log, ids, _fingerprints_in(fps), states, processor_version, redo_completed)
+                index = None
+                if ahead is None:
+                    unique = len(set(ids)) == len(ids)
+                else:
+                    unique, states, index = ahead.result()
+                if unique:
+                    return _plan(log, ids, _fingerprints_in(fps), states, processor_version, redo_completed, index)
     source = as_source(items, key_field)
     ids = [s.item_id for s in source]
     return _plan(log, ids, _fingerprints_of(source), states, processor_version, redo_completed)
@@ -306,34 +305,25 @@ READ_AHEAD_ROWS = 1 << 15
 
 
 def _read_ahead(
-    pool: concurrent.futures.Executor, log: CheckpointLog, rows: list[Any], key_field: str
-) -> tuple[list[str], concurrent.futures.Future[tuple[bool, pa.Table, np.ndarray]]] | None:
-    """Start reading the states of ``rows``' likely ids (their keys, as :func:`fingerprint_rows` gives them).
+    pool: concurrent.futures.Executor, log: CheckpointLog, ids: list[str]
+) -> concurrent.futures.Future[tuple[bool, pa.Table, np.ndarray]] | None:
+    """Start reading the states of ``ids`` (a raw source's :func:`~.sources.row_ids`) on the second thread.
 
     The read (Lance's scan and Arrow's id match, which release the GIL) then runs beside the
     fingerprinting (Python, holding it): at 1M items they were 0.4 and 1.1 s one after the other.
     It also says whether the ids are unique, counted by Arrow (``set()`` took 0.1 s of the main
-    thread). The caller uses the read only if the fingerprinting gives these very ids; any other
-    outcome, or an error of the read, is left to the path it would have taken anyway.
+    thread). The caller uses the read only if the fingerprinting takes these rows; otherwise it takes
+    the path it would have taken anyway, and an error of the read is that path's to meet.
     """
-    if len(rows) < READ_AHEAD_ROWS:
-        return None
-    try:
-        keys = list(map(itemgetter(key_field), rows))
-    except (KeyError, TypeError, IndexError):
-        return None
-    kinds = set(map(type, keys))
-    if kinds == {int}:
-        keys = list(map(str, keys))
-    elif kinds != {str}:
+    if len(ids) < READ_AHEAD_ROWS:
         return None
 
     def read() -> tuple[bool, pa.Table, np.ndarray]:
-        ids = pa.array(keys, pa.string())
-        unique = pc.count_distinct(ids).as_py() == len(ids)
-        return (unique, *log.states_for(ids))
+        array = pa.array(ids, pa.string())
+        unique = pc.count_distinct(array).as_py() == len(array)
+        return (unique, *log.states_for(array))
 
-    return keys, pool.submit(read)
+    return pool.submit(read)
 
 
 def _plan(
@@ -343,8 +333,9 @@ def _plan(
     states: pa.Table | None,
     processor_version: str | None,
     redo_completed: str,
+    index: np.ndarray | None = None,
 ) -> ResumePlan:
-    index = None
+    """Classify ``ids`` against ``states`` (read from the log when not given); ``index``: each id's state row."""
     if states is None:
         states, index = log.states_for(ids)
     return _classify(fingerprints, ids, states, processor_version, log.version, index, redo_completed)

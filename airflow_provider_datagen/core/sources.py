@@ -182,21 +182,14 @@ _MISSING = object()
 _PLAIN = frozenset((str, int, bool, type(None)))
 
 
-def fingerprint_rows(rows: list[Any], key_field: str, *, plain: bool = False) -> tuple[list[str], pa.Array] | None:
-    """Item ids and input fingerprints of plain rows, fast; None as soon as a row needs :func:`prepare_items`.
+def row_ids(rows: list[Any], key_field: str) -> list[str] | None:
+    """The item ids :func:`fingerprint_rows` gives plain dict rows, before it checks their characters.
 
-    Plain: a dict keyed by a str needing no escaping or a small int, of values orjson encodes as the
-    stdlib does (``events.orjson_plain``). The ids and fingerprints (a string array) are exactly what
-    ``prepare_items`` would give, without building an item per row; uniqueness is the caller's to check
-    (a streamed plan checks it once over the whole source). Anything else, valid or not, is for
-    ``prepare_items``, which builds it or raises the error naming it. ``plain=True`` says every value
-    is already known plain (an Arrow batch of string, integer and boolean columns), so none is checked.
+    A str key as it is and an int key inside +-10**18 as its digits; None for a row that is not a
+    dict (another mapping's ``[]`` may not be its content), a missing key, or a key of another type.
+    One C-level pass each over the rows' types, the keys and the keys' types.
     """
-    # Per row only what must be, the encoding and its digest, in one comprehension (the checks and
-    # appends of a loop per row were a fifth of the time). The rows' and keys' types are checked in
-    # one pass each, the keys' characters and lengths once over all of them (_plain_keys), and the
-    # digests turned to hex text in one call (events.fingerprint_array).
-    if set(map(type, rows)) - {dict}:  # another mapping (its [] may not be its content), or no mapping
+    if set(map(type, rows)) - {dict}:
         return None
     try:
         keys = list(map(itemgetter(key_field), rows))
@@ -205,12 +198,35 @@ def fingerprint_rows(rows: list[Any], key_field: str, *, plain: bool = False) ->
     kinds = set(map(type, keys))
     if not kinds <= _KEY_TYPES:
         return None
-    ids = keys
     if int in kinds:
         ints = [key for key in keys if type(key) is int]
         if not (min(ints) > _INT_KEY_MIN and max(ints) < _INT_KEY_MAX):
             return None
-        ids = list(map(str, keys)) if kinds == {int} else [key if type(key) is str else str(key) for key in keys]
+        return list(map(str, keys))  # str() of a str is the str itself
+    return keys
+
+
+def fingerprint_rows(
+    rows: list[Any], key_field: str, *, plain: bool = False, ids: list[str] | None = None
+) -> tuple[list[str], pa.Array] | None:
+    """Item ids and input fingerprints of plain rows, fast; None as soon as a row needs :func:`prepare_items`.
+
+    Plain: a dict keyed by a str needing no escaping or a small int, of values orjson encodes as the
+    stdlib does (``events.orjson_plain``). The ids and fingerprints (a string array) are exactly what
+    ``prepare_items`` would give, without building an item per row; uniqueness is the caller's to check
+    (a streamed plan checks it once over the whole source). Anything else, valid or not, is for
+    ``prepare_items``, which builds it or raises the error naming it. ``plain=True`` says every value
+    is already known plain (an Arrow batch of string, integer and boolean columns), so none is checked.
+    ``ids``: what :func:`row_ids` gave for these rows, when the caller already asked it.
+    """
+    # Per row only what must be, the encoding and its digest, in one comprehension (the checks and
+    # appends of a loop per row were a fifth of the time). The keys' characters and lengths are
+    # checked once over all of them (_plain_keys), and the digests turned to hex text in one call
+    # (events.fingerprint_array).
+    if ids is None:
+        ids = row_ids(rows, key_field)
+        if ids is None:
+            return None
     if not plain:
         kinds = set(map(type, chain.from_iterable(map(dict.values, rows))))
         if not kinds <= _PLAIN and (
