@@ -85,6 +85,14 @@ class ExperimentNotFoundError(NotFoundError):
     """An experiment has no log (a misspelt name, another root, or nothing generated yet)."""
 
 
+class RepeatedFailureError(DatagenError):
+    """Items in a row failed with the same error (``max_repeated_failures``): a systemic failure stopped the chunk."""
+
+
+class UsageValueError(DatagenError, ValueError):
+    """A ``ctx.record_usage`` value is out of range (tokens above 10**12 or cost above 10**6 per call)."""
+
+
 class ItemFailedError(DatagenError):
     """An item's processing raised and ``fail_fast`` was set."""
 
