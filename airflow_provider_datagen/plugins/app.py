@@ -12,7 +12,8 @@ read, and every page, JSON route and blob of another experiment is 403, whether 
 a refusal does not tell which names exist). A ``dag_id`` query parameter on the experiment routes is
 refused (400): authorization comes from the Dags that wrote the experiment, never from the request.
 The task-instance pages carry the dag_id in the path and need read access to that Dag's task
-instances (``requires_access_dag``).
+instances (``requires_access_dag``); they list only the experiments the user's experiment pages
+would show (a task of a Dag the user may read can write into an experiment another Dag wrote too).
 
 Routes are synchronous on purpose: Lance reads block, and FastAPI runs sync routes in its threadpool.
 """
@@ -160,6 +161,18 @@ def _index_data(reader: Reader, access: DagAccess) -> dict[str, Any]:
     return {"root": reader.shown_root, "conn_id": conn_id(), "experiments": experiments}
 
 
+def _ti_data(access: DagAccess, dag_id: str, run_id: str, task_id: str, map_index: str) -> dict[str, Any]:
+    """What a task instance wrote, in the experiments the user may read only (the pages' own rule)."""
+    reader = _reader()
+    return reader.task_instance(
+        dag_id,
+        run_id,
+        task_id,
+        _parse_map_index(map_index),
+        visible=lambda pipeline, experiment: _visible(reader, access, pipeline, experiment),
+    )
+
+
 def _items_args(
     status: str | None = Query(None, description="lifecycle status, 'failed' or 'violations'"),
     q: str | None = Query(None, max_length=4096, description="case-insensitive substring of the item id"),
@@ -291,13 +304,15 @@ def create_app() -> FastAPI:
     # (which the server decodes back to "/"). dag_id and task_id never contain "/".
 
     @task_instances.get("/ti/{dag_id}/{run_id:path}/{task_id}/{map_index}", response_class=HTMLResponse)
-    def ti_page(request: Request, dag_id: str, run_id: str, task_id: str, map_index: str) -> HTMLResponse:
-        data = _reader().task_instance(dag_id, run_id, task_id, _parse_map_index(map_index))
+    def ti_page(
+        request: Request, dag_id: str, run_id: str, task_id: str, map_index: str, access: Access
+    ) -> HTMLResponse:
+        data = _ti_data(access, dag_id, run_id, task_id, map_index)
         return _html(pages.ti_page(data, _urls(request)))
 
     @task_instances.get("/api/ti/{dag_id}/{run_id:path}/{task_id}/{map_index}", summary="What a task instance wrote")
-    def api_ti(dag_id: str, run_id: str, task_id: str, map_index: str) -> JSONResponse:
-        data = _reader().task_instance(dag_id, run_id, task_id, _parse_map_index(map_index))
+    def api_ti(dag_id: str, run_id: str, task_id: str, map_index: str, access: Access) -> JSONResponse:
+        data = _ti_data(access, dag_id, run_id, task_id, map_index)
         return JSONResponse(json.loads(json.dumps(data, default=str)), headers=_NO_STORE)
 
     app.include_router(experiments)

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,6 +35,9 @@ from airflow_provider_datagen.plugins.cache import VersionedCache
 from airflow_provider_datagen.plugins.insights import next_run, spend_panel, throughput
 from airflow_provider_datagen.plugins.item_view import RESOLVED_STATUSES, attempt_facts, iso, item_data
 from airflow_provider_datagen.plugins.ti_view import TaskInstanceKey, current_status, scan_task_instance
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -418,16 +421,26 @@ class Reader:
 
     # -- task-instance level -------------------------------------------------------------------
 
-    def task_instance(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> dict[str, Any]:
+    def task_instance(
+        self,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        map_index: int,
+        visible: Callable[[str, str], bool] | None = None,
+    ) -> dict[str, Any]:
         """What one task instance (every try) wrote, found by the Airflow coordinates on the events.
 
         Which experiment a task instance belongs to is not recorded anywhere but in the events, so
         every experiment under the root is scanned (a filtered read of a few light columns per log,
-        cached per log version).
+        cached per log version). ``visible(pipeline, experiment)``: whether the user may read an
+        experiment; the others are left out unread.
         """
         ti = TaskInstanceKey(dag_id, run_id, task_id, map_index)
         found = []
         for ref in self.experiments():
+            if visible is not None and not visible(ref.pipeline, ref.experiment):
+                continue
             try:
                 opened = self.open(ref.pipeline, ref.experiment)
                 key = (ref.pipeline, ref.experiment, opened[1], *ti)

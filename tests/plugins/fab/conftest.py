@@ -28,6 +28,8 @@ FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
 USERS: dict[str, list[tuple[str, str]]] = {
     "reader_a": [("can_read", "DAG:dag_a")],
     "reader_ab": [("can_read", "DAG:dag_a"), ("can_read", "DAG:dag_b")],
+    # the task-instance tab also needs FAB's "DAG Runs" and "Task Instances" resources
+    "ti_reader_a": [("can_read", "DAG:dag_a"), ("can_read", "DAG Runs"), ("can_read", "Task Instances")],
     "all_reader": [("can_read", "DAGs")],
     # may read pools only: authenticated, but no Dag at all
     "no_dags": [("can_read", "Pools")],

@@ -139,3 +139,17 @@ def test_a_new_dag_writing_into_an_experiment_narrows_who_sees_it(as_user, fab_r
     run_items(lg, [{"id": "y", "text": "y"}], _process, writer_id="dag_c/r1/map/0", epoch=2, airflow=coords_b)
     assert client.get("/datagen/api/experiments/shop/a_only").status_code == 403
     assert ("shop", "a_only") not in _listed(client)
+
+
+def test_the_task_instance_tab_lists_only_the_experiments_the_user_may_read(as_user) -> None:
+    # dag_a's map task 0 wrote a1 (dag_a only), ab (dag_b too) and a_and_script (a script too): the
+    # experiment pages refuse ab and a_and_script to a dag_a reader, so the tab must not list them.
+    def listed(user: str) -> set[tuple[str, str]]:
+        r = as_user(user).get("/datagen/api/ti/dag_a/r1/map/0")
+        assert r.status_code == 200, r.text
+        return {(x["pipeline"], x["experiment"]) for x in r.json()["experiments"]}
+
+    assert listed("ti_reader_a") == {("shop", "a1")}
+    assert listed("admin") >= {("shop", "a1"), ("shop", "ab"), ("shop", "a_and_script")}
+    page = as_user("ti_reader_a").get("/datagen/ti/dag_a/r1/map/0").text
+    assert "shop / a1" in page and "shop / ab" not in page and "a_and_script" not in page
