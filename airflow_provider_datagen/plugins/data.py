@@ -34,7 +34,7 @@ from airflow_provider_datagen.plugins.access import Writers
 from airflow_provider_datagen.plugins.cache import VersionedCache
 from airflow_provider_datagen.plugins.insights import next_run, spend_panel, throughput
 from airflow_provider_datagen.plugins.item_view import RESOLVED_STATUSES, attempt_facts, iso, item_data
-from airflow_provider_datagen.plugins.ti_view import TaskInstanceKey, current_status, scan_task_instance
+from airflow_provider_datagen.plugins.ti_view import TaskInstanceKey, current_status, key_ranges, scan_task_instance
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -116,6 +116,12 @@ def running_not_failed(summary: dict[str, Any]) -> int:
     (``failed_items``, by :func:`~airflow_provider_datagen.core.status.failed_mask`) are shown apart.
     """
     return max(0, int(summary.get("running") or 0) - int(summary.get("failed_items") or 0))
+
+
+def _ti_of(row: dict[str, Any]) -> TaskInstanceKey:
+    """The task instance that wrote an event row (map index -1 when unmapped or not recorded)."""
+    mi = row.get("map_index")
+    return TaskInstanceKey(row["dag_id"], row["run_id"], row["task_id"], -1 if mi is None else int(mi))
 
 
 def _counts(states: pa.Table) -> dict[str, int]:
@@ -250,6 +256,10 @@ class Reader:
                 | attempt_facts(r["status"], r["value_json"])
                 for r in ordered[:RECENT_FAILURES]
             ]
+            # A map index alone ("1") names no chunk: label each writing task by its key range.
+            tis = {_ti_of(f): None for f in recent if f["dag_id"] and f["run_id"] and f["task_id"]}
+            labels = key_ranges(event_log, [ti for ti in tis if ti.map_index >= 0])
+            recent = [{**f, "chunk_label": labels.get(_ti_of(f))} for f in recent]
             return recent, len(rows)
 
         return self._failures.get((pipeline, experiment, version), compute)

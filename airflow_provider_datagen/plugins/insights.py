@@ -37,10 +37,16 @@ logger = logging.getLogger(__name__)
 
 #: Bars of the throughput chart at most; a longer run gets wider buckets (rates stay per minute).
 MAX_BUCKETS = 120
+#: The plot area of the chart; the axes, their ticks and titles sit in the margins around it.
 CHART_WIDTH = 720
 CHART_HEIGHT = 140
 MAX_BAR = 14.0
+#: Left, top, right and bottom margins of the chart (room for the tick labels and axis titles).
+MARGINS = (52, 10, 16, 38)
+#: Tick labels per axis at most (the y axis gets "nice" steps of 1, 2 or 5 times a power of ten).
+MAX_TICKS = 6
 _MINUTE_US = 60_000_000
+_DAY_US = 24 * 60 * _MINUTE_US
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -61,9 +67,13 @@ def spend_panel(usage: dict[str, Any], budget: dict[str, Any], summary: dict[str
         {"model": model, **{k: v for k, v in row.items() if k != "model"}}
         for model, row in sorted((usage.get("by_model") or {}).items())
     ]
+    # "requests" (every model request sent, failed ones included) is newer than the ledger's other
+    # totals: None (not shown) on a ledger that does not count them.
+    requests = usage.get("requests")
     return {
-        "recorded": bool(usage.get("calls")),
+        "recorded": bool(usage.get("calls")) or bool(requests),
         "calls": int(usage.get("calls") or 0),
+        "requests": None if requests is None else int(requests),
         "input_tokens": int(usage.get("input_tokens") or 0),
         "output_tokens": int(usage.get("output_tokens") or 0),
         "tokens": tokens,
@@ -125,16 +135,58 @@ def throughput(event_log: CheckpointLog) -> dict[str, Any]:
         "completed": int(done.sum()),
         "failures": int(failed.sum()),
     }
-    return {**out, "chart": _chart(buckets)}
+    return {**out, "chart": _chart(buckets, start, width)}
 
 
 def _iso_us(us: int) -> str:
     return str(np.datetime64(us, "us")) + "Z"
 
 
-def _chart(buckets: list[dict[str, Any]]) -> dict[str, Any]:
-    """The geometry of the chart: one bar pair per bucket, scaled to the highest rate."""
+def _nice_step(peak: float) -> float:
+    """A step of 1, 2 or 5 times a power of ten giving at most :data:`MAX_TICKS` - 1 steps up to ``peak``."""
+    raw = peak / (MAX_TICKS - 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 5.0, 10.0):
+        if m * power >= raw:
+            return m * power
+    return 10.0 * power  # pragma: no cover - the loop ends at 10
+
+
+def _rate_label(value: float) -> str:
+    return f"{value:g}"
+
+
+def _y_ticks(peak: float) -> tuple[float, list[dict[str, Any]]]:
+    """The y axis' top (a whole number of steps at or above ``peak``) and its labelled ticks."""
+    step = _nice_step(peak)
+    steps = max(1, math.ceil(peak / step - 1e-9))
+    top = steps * step
+    ticks = [
+        {"y": round(CHART_HEIGHT - CHART_HEIGHT * i / steps, 2), "label": _rate_label(round(i * step, 9))}
+        for i in range(steps + 1)
+    ]
+    return top, ticks
+
+
+def _x_ticks(n: int, start: int, width: int, span_us: int) -> list[dict[str, Any]]:
+    """Labelled ticks at bucket starts, at most :data:`MAX_TICKS`, in UTC (with the date on a long run)."""
+    every = max(1, math.ceil(n / MAX_TICKS))
+    step = CHART_WIDTH / n
+    fmt = "%m-%d %H:%M" if span_us >= _DAY_US else "%H:%M"
+    ticks = []
+    for i in range(0, n, every):
+        at = np.datetime64(start + i * width * _MINUTE_US, "us").astype(object)
+        ticks.append({"x": round(i * step, 2), "label": at.strftime(fmt)})
+    return ticks
+
+
+def _chart(buckets: list[dict[str, Any]], start: int, width: int) -> dict[str, Any]:
+    """The geometry of the chart: one bar pair per bucket and the two axes, scaled to a nice top rate.
+
+    Coordinates of bars and ticks are in the plot area (its origin at ``margin.left``/``margin.top``).
+    """
     peak = max(max(b["completed_per_minute"], b["failures_per_minute"]) for b in buckets) or 1.0
+    top, y_ticks = _y_ticks(peak)
     step = CHART_WIDTH / len(buckets)
     # two bars per bucket, side by side and centred; a run of a few minutes keeps thin bars
     bar = min(MAX_BAR, max(1.0, step / 2 - 0.5))
@@ -147,13 +199,26 @@ def _chart(buckets: list[dict[str, Any]]) -> dict[str, Any]:
         ):
             if not rate:
                 continue
-            h = max(1.0, CHART_HEIGHT * rate / peak)
+            h = max(1.0, CHART_HEIGHT * rate / top)
             title = f"{b['start']}: {rate:g} {kind} per minute"
             bars.append(
                 {"kind": kind, "x": round(x + dx, 2), "y": round(CHART_HEIGHT - h, 2), "w": round(bar, 2)}
                 | {"h": round(h, 2), "title": title}
             )
-    return {"width": CHART_WIDTH, "height": CHART_HEIGHT, "peak": peak, "bars": bars}
+    left, top_margin, right, bottom = MARGINS
+    span = len(buckets) * width * _MINUTE_US
+    return {
+        "width": CHART_WIDTH + left + right,
+        "height": CHART_HEIGHT + top_margin + bottom,
+        "plot": {"left": left, "top": top_margin, "width": CHART_WIDTH, "height": CHART_HEIGHT},
+        "peak": peak,
+        "y_max": top,
+        "bars": bars,
+        "x_ticks": _x_ticks(len(buckets), start, width, span),
+        "y_ticks": y_ticks,
+        "x_title": "time (UTC)" + (f", bars of {width} minutes" if width > 1 else ""),
+        "y_title": "per minute",
+    }
 
 
 def next_run(

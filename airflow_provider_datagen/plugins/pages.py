@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, urlencode
@@ -109,6 +110,29 @@ def _size(n: int | None) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+#: Significant digits of a dollar amount: a call costing $0.000123 reads as that, not $0.0001.
+USD_DIGITS = 6
+
+
+def usd(amount: float) -> str:
+    """A dollar amount to :data:`USD_DIGITS` significant digits, never fewer than two decimals.
+
+    Per-call costs are fractions of a cent and totals sum thousands of them: rounding either to a
+    fixed number of decimals shows $0.0001 for $0.000123, or $1.12 for $1.125. Trailing zeros past
+    the cents are dropped ("$0.25", "$1.125", "$0.000123", "$1,234.57").
+    """
+    value = float(amount)
+    if not math.isfinite(value):
+        return f"${value}"
+    if value == 0:
+        return "$0.00"
+    decimals = max(2, USD_DIGITS - 1 - math.floor(math.log10(abs(value))))
+    text = f"{abs(value):,.{decimals}f}"
+    whole, _, frac = text.partition(".")
+    frac = frac.rstrip("0").ljust(2, "0")
+    return f"{'-' if value < 0 else ''}${whole}.{frac}"
+
+
 def _percent(fraction: float) -> str:
     return f"{100.0 * fraction:.1f}%"
 
@@ -163,6 +187,7 @@ _ENV.filters.update(
     num=_num,
     size=_size,
     percent=_percent,
+    usd=usd,
     try_header=_try_header,
     compact_json=lambda v: json.dumps(v, default=str),
     pretty_json=lambda v: json.dumps(v, ensure_ascii=False, indent=2, sort_keys=True, default=str),

@@ -13,8 +13,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core import EventType
+from airflow_provider_datagen.core.chunks import chunk_label
+from airflow_provider_datagen.core.ids import root_of
+from airflow_provider_datagen.plugins.item_view import attempt_facts
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from airflow_provider_datagen.core import CheckpointLog
 
 #: Items listed per experiment on the tab; the rest is counted.
@@ -36,7 +41,12 @@ _TI_COLUMNS = (
     "error_type",
     "error_message",
     "created_at",
+    # a FAILED row's retry facts (transient, attempt, wait): never values
+    "status",
+    "value_json",
 )
+# The Airflow coordinates of a task instance, as event columns.
+_TI_KEY_COLUMNS = ("dag_id", "run_id", "task_id", "map_index")
 
 
 class TaskInstanceKey(NamedTuple):
@@ -63,6 +73,48 @@ def scan_task_instance(event_log: CheckpointLog, ti: TaskInstanceKey) -> dict[st
     return summarize_ti_events(event_log.pipeline, event_log.experiment, table)
 
 
+def key_range(rows: Iterable[tuple[str, Any]]) -> str:
+    """A chunk's label from the ``(item_id, created_at)`` rows its task wrote: its key range.
+
+    The map operator labels a map index by its chunk's key range (``core.chunks.chunk_label``), but a
+    task killed before it finished may never have had that label stored in Airflow; the items its
+    events name give the same range, ordered by when each was first written (the chunk's order).
+    """
+    first: dict[str, Any] = {}
+    for item_id, created_at in rows:
+        root = root_of(item_id)
+        if root not in first or (created_at is not None and (first[root] is None or created_at < first[root])):
+            first[root] = created_at
+    # stable: roots first written at the same time keep the order the log holds them in
+    ordered = sorted(first, key=lambda root: (first[root] is None, first[root] or 0))
+    return chunk_label(ordered)
+
+
+def key_ranges(event_log: CheckpointLog, tis: Iterable[TaskInstanceKey]) -> dict[TaskInstanceKey, str]:
+    """The key range (:func:`key_range`) of each of ``tis`` (mapped task instances) in ``event_log``."""
+    wanted = {ti for ti in tis if ti.map_index is not None and ti.map_index >= 0}
+    if not wanted:
+        return {}
+    flt = None
+    for column in _TI_KEY_COLUMNS:
+        values = sorted({getattr(ti, column) for ti in wanted})
+        part = pc.field(column).isin(values)
+        flt = part if flt is None else flt & part
+    table = event_log.scan(["item_id", "created_at", *_TI_KEY_COLUMNS], flt)
+    if not table.num_rows:
+        return {}
+    roots = pc.list_element(pc.split_pattern(table["item_id"], "/", max_splits=1), 0)
+    table = table.append_column("root", roots).drop_columns(["item_id"])
+    # one row per (task instance, root item), in the order the groups first appear (the log's order)
+    firsts = table.group_by([*_TI_KEY_COLUMNS, "root"], use_threads=False).aggregate([("created_at", "min")])
+    per_ti: dict[TaskInstanceKey, list[tuple[str, Any]]] = {}
+    for r in firsts.to_pylist():
+        ti = TaskInstanceKey(r["dag_id"], r["run_id"], r["task_id"], r["map_index"])
+        if ti in wanted:
+            per_ti.setdefault(ti, []).append((r["root"], r["created_at_min"]))
+    return {ti: key_range(rows) for ti, rows in per_ti.items()}
+
+
 def _new_attempt(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "try_number": row["try_number"],
@@ -82,6 +134,7 @@ def _new_attempt(row: dict[str, Any]) -> dict[str, Any]:
 def summarize_ti_events(pipeline: str, experiment: str, table: pa.Table) -> dict[str, Any]:
     """Group a task instance's events by item and try: counts by type, terminal status, failures."""
     rows = table.to_pylist()
+    label = key_range((r["item_id"], r["created_at"]) for r in rows) if rows else None
     seen: set[str] = set()
     per_item: dict[str, dict[int | None, dict[str, Any]]] = {}
     tries: set[int | None] = set()
@@ -107,7 +160,11 @@ def summarize_ti_events(pipeline: str, experiment: str, table: pa.Table) -> dict
         elif et == EventType.TERMINAL.value:
             attempt["terminal"] = r["status"]
         elif et == EventType.FAILED.value:
-            attempt["errors"].append({"error_type": r["error_type"], "message": (r["error_message"] or "")[:500]})
+            # A transient row is an attempt the retry policy retried in place: not a failure of the try.
+            attempt["errors"].append(
+                {"error_type": r["error_type"], "message": (r["error_message"] or "")[:500]}
+                | attempt_facts(r["status"], r["value_json"])
+            )
     items = [
         {"item_id": iid, "attempts": [per_item[iid][t] for t in sorted(per_item[iid], key=lambda t: t or 0)]}
         for iid in sorted(per_item)
@@ -118,6 +175,7 @@ def summarize_ti_events(pipeline: str, experiment: str, table: pa.Table) -> dict
         "tries": sorted(tries, key=lambda t: t or 0),
         "events_total": len(seen),
         "items_total": len(items),
+        "label": label,
         "items": items[:MAX_TI_ITEMS],
     }
 

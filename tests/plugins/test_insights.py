@@ -204,13 +204,13 @@ def test_spend_budget_and_estimate(client: TestClient, timed_log: CheckpointLog,
     cards = dict(re.findall(r"<div class='card'><span class='muted'>([^<]+)</span><b>([^<]+)</b></div>", page))
     assert cards["spent"] == "$1.50"
     assert cards["tokens"] == "10,000"
-    assert cards["failed attempts"] == "$0.2500"
+    assert cards["failed attempts"] == "$0.25"
     assert cards["budget"] == "$5.00"
     assert cards["left"] == "$3.50"
     # 4 completed source items for $1.50: $0.375 each; 3 pending (k4 failed, k5 never started, k6 running)
-    assert cards["estimate for pending"] == "$1.12"
-    assert "Mean $0.3750 and 2500.0 tokens per completed source item (4 completed" in page
-    assert "3 pending source items would cost about $1.12 and 7,500 tokens" in page
+    assert cards["estimate for pending"] == "$1.125"
+    assert "Mean $0.375 and 2500.0 tokens per completed source item (4 completed" in page
+    assert "3 pending source items would cost about $1.125 and 7,500 tokens" in page
     assert "2 calls have no known price and are not in the dollar amounts" in page
     # the by-model table, model names escaped like any log value
     assert "<td class='mono'>openai:gpt-5-mini</td><td class='num'>7</td><td class='num'>7,000</td>" in page
@@ -248,7 +248,7 @@ def test_item_page_input_beside_output_and_usage_per_attempt(
         usage,
     )
     assert rows == [
-        ("1", "openai:gpt-5-mini", "1", "800", "100", "$0.2500"),
+        ("1", "openai:gpt-5-mini", "1", "800", "100", "$0.25"),
         ("2", "openai:gpt-5-mini", "1", "812", "240", "$0.0123"),
     ]
     assert "s-failed'>failed</span>" in usage and "s-completed'>completed</span>" in usage
@@ -297,7 +297,7 @@ def test_spend_from_the_real_ledger(client: TestClient, ui_log) -> None:
     cards = dict(re.findall(r"<div class='card'><span class='muted'>([^<]+)</span><b>([^<]+)</b></div>", page))
     assert cards["spent"] == "$1.00"
     assert cards["tokens"] == "480"
-    assert cards["failed attempts"] == "$0.2500"
+    assert cards["failed attempts"] == "$0.25"
     assert cards["budget"] == "$10.00"
     assert cards["left"] == "$9.00"
     assert escaped("m:<fake>") in page and "m:<fake>" not in page
@@ -305,3 +305,96 @@ def test_spend_from_the_real_ledger(client: TestClient, ui_log) -> None:
     assert [(a["attempt"], a["status"], a["model"], a["cost_usd"]) for a in item["usage"]["attempts"]] == [
         (1, "failed", "m:<fake>", 0.25)
     ]
+
+
+def _svg_texts(page: str, cls: str) -> list[str]:
+    svg = re.search(r"<svg class='chart'.*?</svg>", page)
+    assert svg, "no inline chart"
+    return re.findall(r"<text class='" + cls + r"'[^>]*>([^<]*)</text>", svg.group(0))
+
+
+def test_throughput_chart_has_labelled_axes(client: TestClient, timed_log: CheckpointLog) -> None:
+    page = client.get(f"/datagen/experiments/{P}/timed").text
+    # y: rates per minute up to the peak (3), in whole steps; x: the three minutes of the run, in UTC
+    assert _svg_texts(page, "tick") == ["0", "1", "2", "3", "12:00", "12:01", "12:02"]
+    assert _svg_texts(page, "axis-title") == ["time (UTC)", "per minute"]
+    chart = client.get(f"/datagen/api/experiments/{P}/timed").json()["throughput"]["chart"]
+    assert chart["y_max"] == 3.0 and chart["plot"] == {"left": 52, "top": 10, "width": 720, "height": 140}
+    # each tick sits where its value is: 0 at the bottom of the plot, the top value at its top
+    assert [(t["label"], t["y"]) for t in chart["y_ticks"]] == [("0", 140.0), ("1", 93.33), ("2", 46.67), ("3", 0.0)]
+    assert [(t["label"], t["x"]) for t in chart["x_ticks"]] == [("12:00", 0.0), ("12:01", 240.0), ("12:02", 480.0)]
+    # the tallest bar (3 completed at 12:00) reaches the top of the axis
+    top_bar = max(chart["bars"], key=lambda b: b["h"])
+    assert (top_bar["kind"], top_bar["y"], top_bar["h"]) == ("completed", 0.0, 140.0)
+
+
+def test_costs_show_six_significant_digits(client: TestClient, timed_log: CheckpointLog, monkeypatch) -> None:
+    # A call of a small model costs a fraction of a cent: $0.0001 (four decimals) misstates it by 19%.
+    usage = {
+        **USAGE,
+        "cost_usd": 1.2345678,
+        "failed_attempts_cost_usd": 0.000123,
+        "by_model": {"m:small": {**USAGE["by_model"]["openai:gpt-5-mini"], "cost_usd": 0.00045678}},
+    }
+    attempts = [{**ATTEMPTS[1], "cost_usd": 0.000123}]
+    _stub_ledger(monkeypatch, usage, {"budget_usd": 2.0, "budget_tokens": None}, attempts)
+    page = client.get(f"/datagen/experiments/{P}/timed").text
+    cards = dict(re.findall(r"<div class='card'><span class='muted'>([^<]+)</span><b>([^<]+)</b></div>", page))
+    assert (cards["spent"], cards["failed attempts"], cards["left"]) == ("$1.23457", "$0.000123", "$0.765432")
+    assert "<td class='num'>$0.00045678</td>" in page
+    item = client.get(f"/datagen/experiments/{P}/timed/item?id=k3").text
+    usage_html = item[item.index("<h2 id='usage'>") : item.index("<h2>Failures</h2>")]
+    assert "<td class='num'>$0.000123</td></tr>" in usage_html and "$0.0001<" not in usage_html
+
+
+def test_requests_are_shown_when_the_ledger_counts_them(
+    client: TestClient, timed_log: CheckpointLog, monkeypatch
+) -> None:
+    _stub_ledger(monkeypatch, {**USAGE, "requests": 12}, {"budget_usd": None, "budget_tokens": None}, ATTEMPTS)
+    monkeypatch.setattr(
+        CheckpointLog,
+        "item_usage",
+        lambda self, item_id: {**ZERO_USAGE, "calls": 2, "requests": 3, "attempts": ATTEMPTS},
+        raising=False,
+    )
+    page = client.get(f"/datagen/experiments/{P}/timed").text
+    cards = dict(re.findall(r"<div class='card'[^>]*><span class='muted'>([^<]+)</span><b>([^<]+)</b></div>", page))
+    assert cards["requests"] == "12" and cards["calls"] == "9"
+    assert client.get(f"/datagen/api/experiments/{P}/timed").json()["spend"]["requests"] == 12
+    item = client.get(f"/datagen/experiments/{P}/timed/item?id=k3").text
+    assert "2 calls · 3 model requests (failed ones included) · " in item
+
+
+def test_a_ledger_without_requests_shows_no_requests_card(
+    client: TestClient, timed_log: CheckpointLog, monkeypatch
+) -> None:
+    _stub_ledger(monkeypatch, USAGE, {"budget_usd": None, "budget_tokens": None}, [])
+    page = client.get(f"/datagen/experiments/{P}/timed").text
+    assert "<span class='muted'>requests</span>" not in page
+    assert client.get(f"/datagen/api/experiments/{P}/timed").json()["spend"]["requests"] is None
+
+
+def test_budget_stop_banner_and_removed_items(client: TestClient, timed_log: CheckpointLog, monkeypatch) -> None:
+    page = client.get(f"/datagen/experiments/{P}/timed").text
+    assert "stopped-by-budget" not in page and "<span class='muted'>removed</span>" not in page
+    summary = CheckpointLog.summary
+
+    def with_new_keys(self: CheckpointLog, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {**summary(self, *args, **kwargs), "stopped_by_budget": True, "removed": 2}
+
+    monkeypatch.setattr(CheckpointLog, "summary", with_new_keys)
+    from airflow_provider_datagen.plugins.data import reset_reader
+
+    reset_reader()
+    page = client.get(f"/datagen/experiments/{P}/timed").text
+    banner = re.search(r"<p class='banner' id='stopped-by-budget'>(.*?)</p>", page)
+    assert banner, "no budget banner"
+    assert "Stopped by the budget: 3 source items are still pending." in banner.group(1)
+    assert "Raise <code>budget_usd</code> (or <code>budget_tokens</code>) and trigger again." in banner.group(1)
+    cards = dict(re.findall(r"<div class='card'[^>]*><span class='muted'>([^<]+)</span><b>([^<]+)</b></div>", page))
+    assert cards["removed"] == "2"
+    status = client.get(f"/datagen/api/experiments/{P}/timed").json()
+    assert (status["stopped_by_budget"], status["removed"]) == (True, 2)
+    index = client.get("/datagen/").text
+    row = index.split(f"/datagen/experiments/{P}/timed'>timed</a>", 1)[1].split("</td>", 1)[0]
+    assert row == " <span class='badge s-stopped_by_budget'>stopped by budget</span>"
