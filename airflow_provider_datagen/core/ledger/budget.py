@@ -157,19 +157,22 @@ class RunUsage:
         """Whether ``ctx.record_usage`` must call :meth:`charge` (a rate limit is set)."""
         return self._limiter is not None
 
-    def charge(self, record: UsageRecord) -> None:
-        """Charge a record's tokens to the token window and its calls beyond the first as requests.
+    def charge(self, record: UsageRecord, *, extra_requests: bool = True) -> None:
+        """Charge a record's tokens to the token window and, with ``extra_requests``, its calls beyond the first.
 
-        The attempt's first call was taken by the limiter before the attempt started; the others
-        (``calls=N``) were made already, so they are charged without waiting (an async process's
-        event loop never blocks here) and the limiter's next start pays what did not fit.
+        ``tokens_per_minute`` is charged per request, as its usage becomes known. For a process the
+        runner takes one slot for before each attempt, the other calls (``calls=N``) were made
+        already, so they are charged without waiting (an async process's event loop never blocks
+        here) and the limiter's next start pays what did not fit. A process that takes a slot per
+        request itself (``ctx.take_request_slot``) passes ``extra_requests=False``: its calls were
+        all taken as slots when they were sent.
         """
         limiter = self._limiter
         if limiter is None:
             return
         if self._charges_tokens and record.tokens:
             limiter.charge_tokens(record.tokens)
-        if record.calls > 1:
+        if extra_requests and record.calls > 1:
             limiter.charge_requests(record.calls - 1)
 
     # --- the budget: RunShared.stop_pulling -------------------------------------------------------

@@ -26,6 +26,25 @@ _OWNER = "ctx.record_usage"
 MAX_MODEL = 200
 
 
+class AttemptUsage(list["UsageRecord"]):
+    """What one attempt recorded: its :class:`UsageRecord` list, and the model requests it sent.
+
+    ``requests`` counts ``ctx.take_request_slot`` calls (a process that takes its own slots, e.g. the
+    model step: one per HTTP request, failed ones included); 0 means "not counted", and the ledger
+    then counts the records' ``calls``.
+    """
+
+    __slots__ = ("requests",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = 0
+
+    def __bool__(self) -> bool:
+        # an attempt that recorded nothing but sent requests still has something to store
+        return bool(len(self)) or self.requests > 0
+
+
 class UsageRecord(NamedTuple):
     """One ``ctx.record_usage`` call, checked and priced."""
 

@@ -27,6 +27,19 @@ def staged_entries(shared: RunShared, records: Sequence[UsageRecord]) -> list[di
     return attempt_entries(records)
 
 
+def requests_of(records: Sequence[UsageRecord] | None) -> int | None:
+    """The requests an attempt counted through ``ctx.take_request_slot`` (None: not counted).
+
+    Stored as the attempt's ``"requests"``; without it the ledger counts the records' ``calls``.
+    """
+    requests = getattr(records, "requests", 0)
+    return requests or None
+
+
 def completed_value(shared: RunShared, attempt: int, records: Sequence[UsageRecord]) -> dict[str, Any]:
-    """The JSON value of a STEP_COMPLETED that ends an attempt which recorded usage."""
-    return {"attempt": attempt, "usage": staged_entries(shared, records)}
+    """The JSON value of a STEP_COMPLETED that ends an attempt which recorded usage or counted requests."""
+    value: dict[str, Any] = {"attempt": attempt, "usage": staged_entries(shared, records)}
+    requests = requests_of(records)
+    if requests is not None:
+        value["requests"] = requests
+    return value

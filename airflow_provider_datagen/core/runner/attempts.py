@@ -2,7 +2,8 @@
 
 Only runs with one of them come here (the interpreter binds its guarded leaf at construction, the
 one-step driver picks its guarded variant), so a run without any does no work for it. The first
-attempt is a plain call: the rate limit's hook (``RunShared.before_attempt``), the call, and the
+attempt is a plain call: the rate limit's hook (``RunShared.before_attempt``; none for a process
+that takes a slot per request itself, see :func:`takes_request_slots`), the call, and the
 cooldown of an error carrying a Retry-After (``RunShared.on_throttled``, retried or not). Only a
 failure the policy retries is handed to tenacity, which decides the waits and when to stop (see
 docs/adr/0008-in-place-retries.md); each retried attempt becomes a transient FAILED row in the
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import DoAttempt, DoSleep
 
-from airflow_provider_datagen.core.ledger.staging import staged_entries
+from airflow_provider_datagen.core.ledger.staging import requests_of, staged_entries
 from airflow_provider_datagen.core.retry import failed_first, retry_after_of
 from airflow_provider_datagen.core.runner.contract import is_contract_error
 from airflow_provider_datagen.core.runner.signals import RunEnded
@@ -47,6 +48,25 @@ def _not_contract_error(exc: BaseException) -> bool:
 def _retried(policy: RetryPolicy | None, exc: BaseException) -> bool:
     """Whether ``exc`` of a first attempt goes to tenacity (the rest of the decisions are tenacity's)."""
     return policy is not None and policy.attempts > 1 and not is_contract_error(exc) and policy.retryable(exc)
+
+
+def takes_request_slots(step: Step) -> bool:
+    """Whether ``step``'s process takes a rate-limit slot per request itself (``takes_request_slots = True``).
+
+    The model step sends several requests per call (validation retries, tool calls): it takes a slot
+    for each as it sends it (``ctx.take_request_slot``), so the runner takes none before the attempt.
+    """
+    return getattr(step.fn, "takes_request_slots", False) is True
+
+
+def _new_ctx(interp: Interpreter, item: WorkItem, coord: StepCoord, own_slots: bool) -> ItemContext:
+    ctx = interp._ctx(item, coord)
+    if own_slots:
+        shared = interp.shared
+        ctx._own_slots = True
+        ctx._acquire = shared.before_attempt
+        ctx._acquire_async = shared.before_attempt_async
+    return ctx
 
 
 def _throttle(shared: RunShared, exc: BaseException | None) -> None:
@@ -77,10 +97,11 @@ def call_step(
     if calls is None:
         calls = []
     shared = interp.shared
-    hook = shared.before_attempt
+    own = takes_request_slots(step)
+    hook = None if own else shared.before_attempt
     if hook is not None:
         hook()
-    ctx = interp._ctx(item, coord)
+    ctx = _new_ctx(interp, item, coord, own)
     calls.append(ctx)
     interp.report.invocations += 1
     try:
@@ -106,7 +127,7 @@ def _stage_transient(
     assert exc is not None
     used = calls[-1]._usage if calls else None
     if used:
-        calls[-1]._usage = None
+        calls[-1]._records = None
     interp.batch.failed(
         item.item_id,
         error=exc,
@@ -119,6 +140,7 @@ def _stage_transient(
         transient=True,
         wait=rs.upcoming_sleep,
         usage=staged_entries(interp.shared, used) if used else None,
+        requests=requests_of(used),
     )
     item.attempt += 1
 
@@ -136,7 +158,8 @@ def _retry(
     policy = shared.retry
     assert policy is not None
     handoff = shared.handoff
-    hook = shared.before_attempt
+    own = takes_request_slots(step)
+    hook = None if own else shared.before_attempt
 
     def before(_: RetryCallState) -> None:
         if hook is not None:  # the rate limit's place: every attempt (the first had it before the call)
@@ -164,7 +187,7 @@ def _retry(
     while True:
         do = retrying.iter(rs)
         if isinstance(do, DoAttempt):
-            ctx = interp._ctx(item, coord)
+            ctx = _new_ctx(interp, item, coord, own)
             calls.append(ctx)
             report.invocations += 1
             try:
@@ -199,10 +222,11 @@ async def call_step_async(
     if calls is None:
         calls = []
     shared = interp.shared
-    hook = shared.before_attempt_async
+    own = takes_request_slots(step)
+    hook = None if own else shared.before_attempt_async
     if hook is not None:
         await hook()
-    ctx = interp._ctx(item, coord)
+    ctx = _new_ctx(interp, item, coord, own)
     calls.append(ctx)
     interp.report.invocations += 1
     try:
@@ -227,7 +251,8 @@ async def _retry_async(
     shared = interp.shared
     policy = shared.retry
     assert policy is not None
-    hook = shared.before_attempt_async
+    own = takes_request_slots(step)
+    hook = None if own else shared.before_attempt_async
 
     async def before(_: RetryCallState) -> None:
         if hook is not None:
@@ -256,7 +281,7 @@ async def _retry_async(
     while True:
         do = await retrying.iter(rs)
         if isinstance(do, DoAttempt):
-            ctx = interp._ctx(item, coord)
+            ctx = _new_ctx(interp, item, coord, own)
             calls.append(ctx)
             report.invocations += 1
             try:

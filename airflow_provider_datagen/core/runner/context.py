@@ -12,18 +12,17 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.events import BlobRef, encode_value
-from airflow_provider_datagen.core.ledger.records import usage_record
+from airflow_provider_datagen.core.ledger.records import AttemptUsage, usage_record
 from airflow_provider_datagen.core.runner.contract import check_field
 from airflow_provider_datagen.core.schema import ItemStatus
-from airflow_provider_datagen.exceptions import InvalidEventError
+from airflow_provider_datagen.exceptions import InvalidEventError, ProcessError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Awaitable, Callable, Mapping
     from collections.abc import Set as AbstractSet
 
     from airflow_provider_datagen.core.events import StepCoord
     from airflow_provider_datagen.core.fold import ItemState
-    from airflow_provider_datagen.core.ledger.records import UsageRecord
 
 #: a fresh item's fields and field modes: read-only here (ItemContext copies modes before writing)
 NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
@@ -38,10 +37,19 @@ class ItemContext:
     _ops: list[tuple[str, str, Any]] | tuple[()] = ()
     _filtered: tuple[bool, Any] = (False, None)
     _emissions: dict[str, int] | None = None
-    #: what ``record_usage`` recorded in this attempt (staged with the row that ends it), or None
-    _usage: list[UsageRecord] | None = None
+    #: what ``record_usage`` recorded and the requests ``take_request_slot`` counted in this attempt
+    #: (staged with the row that ends it), or None
+    _records: AttemptUsage | None = None
+    #: set once the runner has read :attr:`_usage`: the attempt has ended, nothing more is stored
+    _ended = False
     #: with a rate limit: charges recorded usage to it as it becomes known (``RunUsage.charge``)
-    _charge: Callable[[UsageRecord], None] | None = None
+    _charge: Callable[..., None] | None = None
+    #: with a rate limit and a process that takes its own slots (``takes_request_slots``): the
+    #: limiter's acquire and acquire_async (attempts.py binds them); None: no limit to wait for
+    _acquire: Callable[[], Any] | None = None
+    _acquire_async: Callable[[], Awaitable[Any]] | None = None
+    #: the process takes a slot per request itself: record_usage's ``calls`` are not charged again
+    _own_slots = False
 
     def __init__(
         self,
@@ -106,6 +114,28 @@ class ItemContext:
                 raise InvalidEventError(f"item {self.item_id!r}: a filter reason must be small JSON")
         self._filtered = (True, reason)
 
+    @property
+    def _usage(self) -> AttemptUsage | None:
+        """The attempt's recorded usage and requests, read by the runner when the attempt ends.
+
+        Every path that ends an attempt (completion, failure, a retried attempt) reads this once to
+        stage it, so reading it marks the attempt ended: a later ``record_usage`` (a leaked
+        background task) raises instead of adding usage no row will ever store.
+        """
+        self._ended = True
+        return self._records
+
+    def _attempt_usage(self, what: str) -> AttemptUsage:
+        if self._ended:
+            raise ProcessError(
+                f"item {self.item_id!r}: {what} was called after attempt {self.attempt} ended, so nothing "
+                "would store it; call it before the process returns (await every task that records "
+                "usage or sends requests)"
+            )
+        if self._records is None:
+            self._records = AttemptUsage()
+        return self._records
+
     def record_usage(
         self,
         model: str,
@@ -121,15 +151,35 @@ class ItemContext:
         ``cost_usd`` wins. May be called several times per attempt, from sync or async code; usage
         of an attempt that then fails still counts (see docs/adr/0011-usage-ledger.md). With a rate
         limit, the tokens are charged to its token window now, and ``calls`` beyond the first
-        count as requests.
+        count as requests unless the process takes its own slots (``takes_request_slots``).
+
+        :raises UsageValueError: a token count above 10**12 or a cost above 10**6 USD.
+        :raises ProcessError: called after the attempt ended (its row is already staged).
         """
         record = usage_record(model, input_tokens, output_tokens, cost_usd, calls)
-        if self._usage is None:
-            self._usage = [record]
-        else:
-            self._usage.append(record)
+        self._attempt_usage("ctx.record_usage").append(record)
         if self._charge is not None:
-            self._charge(record)
+            self._charge(record, extra_requests=not self._own_slots)
+
+    def take_request_slot(self) -> None:
+        """Before each model request: wait for a slot of the run's rate limit, and count the request.
+
+        Without a rate limit it only counts. Counted requests (failed ones included: a 429, a 5xx, a
+        timeout) are stored with the attempt and shown as ``"requests"`` by ``log.usage()``. A
+        process that calls it sets ``takes_request_slots = True`` so the runner takes no slot of
+        its own before each attempt.
+        """
+        usage = self._attempt_usage("ctx.take_request_slot")
+        if self._acquire is not None:
+            self._acquire()
+        usage.requests += 1
+
+    async def take_request_slot_async(self) -> None:
+        """:meth:`take_request_slot` for an event loop: the wait is ``asyncio.sleep``, blocking no other item."""
+        usage = self._attempt_usage("ctx.take_request_slot_async")
+        if self._acquire_async is not None:
+            await self._acquire_async()
+        usage.requests += 1
 
     def idempotency_key(self, name: str) -> str:
         """A key for an external side effect, equal on every replay of the same work.

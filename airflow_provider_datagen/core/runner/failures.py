@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from airflow_provider_datagen.core.events import StepCoord
-from airflow_provider_datagen.core.ledger.staging import staged_entries
+from airflow_provider_datagen.core.ledger.staging import requests_of, staged_entries
 from airflow_provider_datagen.core.runner.contract import CONTRACT_STREAK, contract_abort, is_contract_error
 from airflow_provider_datagen.core.runner.signals import StepFailure
 from airflow_provider_datagen.exceptions import ItemFailedError, ProcessInterrupted
@@ -47,6 +47,7 @@ def on_failure(runner: Committer, item: WorkItem, exc: BaseException) -> None:
         attempt=attempt if attempt is not None or not used else item.attempt,
         # the usage the failed attempt recorded: it counts (money was spent), shown apart
         usage=staged_entries(shared, used) if used else None,
+        requests=requests_of(used),
     )
     if failed_id != item.item_id:
         # A child's failure also fails its root, so the root's failure lens tells the story.

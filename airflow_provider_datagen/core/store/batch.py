@@ -328,6 +328,7 @@ class Batch:
         transient: bool = False,
         wait: float | None = None,
         usage: list[dict[str, Any]] | None = None,
+        requests: int | None = None,
     ) -> None:
         """A step raised: a failure-lens row; the item stays running and is retried later.
 
@@ -354,12 +355,14 @@ class Batch:
         err = ErrorInfo(etype, _clip(message) or "", _clip(traceback))
         enc = None
         value_part = ""
-        if attempt is not None or transient or usage:
+        if attempt is not None or transient or usage or requests:
             payload: dict[str, Any] = {"attempt": attempt, "transient": transient}
             if wait is not None:
                 payload["wait"] = wait
             if usage:
                 payload["usage"] = usage
+            if requests:  # the model requests the attempt sent (ctx.take_request_slot)
+                payload["requests"] = requests
             enc = encode_value(payload, what=f"attempt record of item {item_id!r}")
             value_part = f"{enc.kind}:{enc.digest}"
         tail = f"{shape.id_coords}{SEP}{SEP}{value_part}{SEP}{id_part(err.type)}{SEP}{id_part(err.message)}"
