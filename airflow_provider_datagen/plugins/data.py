@@ -121,7 +121,21 @@ def running_not_failed(summary: dict[str, Any]) -> int:
 def _ti_of(row: dict[str, Any]) -> TaskInstanceKey:
     """The task instance that wrote an event row (map index -1 when unmapped or not recorded)."""
     mi = row.get("map_index")
-    return TaskInstanceKey(row["dag_id"], row["run_id"], row["task_id"], -1 if mi is None else int(mi))
+    return TaskInstanceKey(row.get("dag_id"), row.get("run_id"), row.get("task_id"), -1 if mi is None else int(mi))
+
+
+def with_chunk_labels(event_log: CheckpointLog, data: dict[str, Any]) -> dict[str, Any]:
+    """An item page's rows, each naming the mapped task that wrote it by its key range (``chunk_label``)."""
+    lists = ("events", "failures", "input_versions")
+    tis = {_ti_of(r): None for name in lists for r in data[name] if r.get("dag_id") and r.get("run_id")}
+    labels = key_ranges(event_log, [ti for ti in tis if ti.task_id and ti.map_index >= 0])
+    out = dict(data)
+    for name in lists:
+        out[name] = [
+            {**r, "chunk_label": labels.get(_ti_of(r)) if r.get("dag_id") and r.get("run_id") else None}
+            for r in data[name]
+        ]
+    return out
 
 
 def _counts(states: pa.Table) -> dict[str, int]:
@@ -409,7 +423,9 @@ class Reader:
         return self._items.get(
             (pipeline, experiment, version, item_id, self.source_key(source)),
             lambda: {
-                **item_data(event_log, version, item_id, source, self.source_options(source)),
+                **with_chunk_labels(
+                    event_log, item_data(event_log, version, item_id, source, self.source_options(source))
+                ),
                 "usage": item_usage_of(event_log, item_id),
             },
         )

@@ -63,3 +63,7 @@ def test_a_killed_task_is_labelled_by_the_key_range_it_wrote(client: TestClient,
     assert f["chunk_label"] == "k-010 … k-012 (3 items)"
     failures = client.get("/datagen/experiments/ti/killed").text.split("<h2>Failures", 1)[1].split("<h2>Items", 1)[0]
     assert "<td>1 · k-010 … k-012 (3 items)</td>" in failures
+    # and so does the item page, wherever it names the task that wrote a row
+    item = client.get("/datagen/experiments/ti/killed/item?id=k-011").text
+    assert "title='r1 · map index 1'>dgk · map · k-010 … k-012 (3 items) · try 1</a>" in item
+    assert "map[1]" not in item
