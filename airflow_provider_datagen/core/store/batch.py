@@ -10,10 +10,10 @@ costs a tuple, not a record.
 
 from __future__ import annotations
 
-import traceback as tb_module
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from airflow_provider_datagen.core.error_text import error_message, error_traceback, error_type
 from airflow_provider_datagen.core.events import ID_SEP, EncodedValue, encode_value
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, check_field_name, parent_of
 from airflow_provider_datagen.core.schema import (
@@ -340,10 +340,10 @@ class Batch:
         """
         item_id = self._id(item_id)
         if isinstance(error, BaseException):
-            etype = type(error).__name__
-            message = str(error)
-            if traceback is None and error.__traceback__ is not None:
-                traceback = "".join(tb_module.format_exception(type(error), error, error.__traceback__))
+            # the user's error may break its own __str__: it must still fail only its item
+            etype, message = error_type(error), error_message(error)
+            if traceback is None:
+                traceback = error_traceback(error)
         elif isinstance(error, str):
             etype, message = "Error", error
         else:
