@@ -248,7 +248,7 @@ def test_item_page_trajectory(client: TestClient, main_log: Any) -> None:
     ]
     html = client.get(f"{EXP}/item", params={"id": iid(0)}).text
     # the writing task is named by its chunk's key range (map 0 wrote items 0-79)
-    label = "dg · map · item-000 … item-079 (80 items) · try 1"
+    label = "dg · map[0] · item-000 … item-079 (80 items) · try 1"
     for text in ("STEP_COMPLETED", "map0-try1@1", "Fan-out children (2)", "item-000/solve:0", label):
         assert escaped(text) in html, text
     assert "/datagen/ti/dg/run1/map/0" in html
