@@ -7,6 +7,17 @@ FAILED row (status ``transient`` when it was retried in place, ``failed`` otherw
 only rule is one copy per ``event_id`` (a batch that landed twice is counted once). Costs are summed
 as integer nano-dollars, so the two folds below agree exactly whatever the order of their sums.
 
+Requests: an attempt that counted its model requests (``ctx.take_request_slot``) stores
+``"requests": k`` beside its entries (also with no entry, e.g. every request failed); an attempt
+without it (an older log, a process that takes no slot per request) counts its entries' ``calls``.
+In the sums, each entry's calls count as requests, and an attempt's ``k`` minus its entries' calls
+is summed under the model :data:`REQUESTS_MODEL` (no model is named so), which has nothing else.
+
+Values are bounded when read: a count above :data:`MAX_COUNT` or a cost above :data:`MAX_USD` in one
+entry (only an older version let such a value in: ``ctx.record_usage`` refuses them) is read as
+that bound, and every sum saturates at :data:`SATURATED`, so a hostile value never makes a read
+overflow int64 (``ArrowInvalid``) or wrap the spend negative.
+
 - :func:`usage_of_events` is the readable definition over :class:`Event` objects;
 - :func:`usage_of_table` is the same over Arrow columns for millions of rows (pyarrow's JSON reader
   and grouped sums, no Python per row); a property test holds the two equal.
@@ -32,23 +43,33 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.events import Event
 
 NANOS = 1_000_000_000
+#: the most one stored entry's count (tokens, calls, requests) is read as
+MAX_COUNT = 10**15
+#: the most one stored entry's cost (USD) is read as: 10**18 nano-dollars still fit in int64
+MAX_USD = 10**9
+#: every sum is clamped to +-this (int64 holds twice as much: adding two saturated sums still fits)
+SATURATED = 2**62
+#: the group of an attempt's requests beyond its entries' calls (a model name is never empty)
+REQUESTS_MODEL = ""
 #: the columns :func:`usage_of_table` reads (of the rows :data:`USAGE_TYPES` with a value)
 USAGE_COLUMNS = ("event_id", "event_type", "value_json", "writer_id", "writer_epoch")
 #: the event types whose rows may carry an attempt's usage
 USAGE_TYPES = (EventType.STEP_COMPLETED.value, EventType.FAILED.value)
 #: the entry counts summed, in the order of a :data:`Sums` list
 _COUNTS = ("calls", "input_tokens", "output_tokens", "unpriced_calls")
+# Counts are read as float64 (exact up to 2**53, above MAX_COUNT) and then bounded: an int64 schema
+# would refuse an older version's 2**64 with ArrowInvalid.
 _ENTRY = pa.struct(
     [
         ("model", pa.string()),
-        ("calls", pa.int64()),
-        ("input_tokens", pa.int64()),
-        ("output_tokens", pa.int64()),
+        ("calls", pa.float64()),
+        ("input_tokens", pa.float64()),
+        ("output_tokens", pa.float64()),
         ("cost_usd", pa.float64()),
-        ("unpriced_calls", pa.int64()),
+        ("unpriced_calls", pa.float64()),
     ]
 )
-_PAYLOAD = pa.schema([("usage", pa.list_(_ENTRY))])
+_PAYLOAD = pa.schema([("usage", pa.list_(_ENTRY)), ("requests", pa.float64())])
 
 
 def empty_usage() -> dict[str, Any]:
@@ -59,38 +80,67 @@ def empty_usage() -> dict[str, Any]:
         "output_tokens": 0,
         "cost_usd": 0.0,
         "unpriced_calls": 0,
+        "requests": 0,
         "by_model": {},
         "failed_attempts_cost_usd": 0.0,
     }
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _payload(value_json: str | None) -> dict[str, Any] | None:
+    """An attempt's stored record: a JSON object with a ``usage`` list or a ``requests`` count."""
     if not value_json:
         return None
     try:
         record = json.loads(value_json)
     except ValueError:
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("usage"), list) else None
+    if not isinstance(record, dict):
+        return None
+    has_usage = isinstance(record.get("usage"), list)
+    if not has_usage and not _is_number(record.get("requests")):
+        return None
+    return record if has_usage else {**record, "usage": []}
+
+
+def bounded_count(value: Any) -> int:
+    """A stored count as the folds read it: whole, from 0 to :data:`MAX_COUNT`."""
+    if not value:
+        return 0
+    return min(max(int(min(value, MAX_COUNT)), 0), MAX_COUNT)
 
 
 def _nanos(cost: float | None) -> int:
-    return 0 if cost is None else round(cost * NANOS)
+    return 0 if cost is None else round(min(max(cost, 0.0), MAX_USD) * NANOS)
 
 
-#: per (writer_id, writer_epoch, model): [calls, input_tokens, output_tokens, unpriced_calls, nanos, failed nanos]
+def _requests(record: dict[str, Any]) -> int | None:
+    """The requests an attempt's record counted, bounded; None when it counted none (its calls count)."""
+    requests = record.get("requests")
+    return bounded_count(requests) if _is_number(requests) else None
+
+
+def saturate(value: int) -> int:
+    return min(max(value, -SATURATED), SATURATED)
+
+
+#: per (writer_id, writer_epoch, model):
+#: [calls, input_tokens, output_tokens, unpriced_calls, nanos, failed nanos, requests]
 Sums = dict[tuple[str, int, str], list[int]]
 
 
 def add_sums(into: Sums, more: Sums) -> Sums:
-    """``into`` with ``more`` added (in place)."""
+    """``into`` with ``more`` added (in place), each sum saturated."""
     for key, sums in more.items():
         have = into.get(key)
         if have is None:
             into[key] = list(sums)
         else:
             for i, v in enumerate(sums):
-                have[i] += v
+                have[i] = saturate(have[i] + v)
     return into
 
 
@@ -98,9 +148,12 @@ def usage_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) 
     """The usage dict of per-writer sums, without ``exclude_writer``'s."""
     out = empty_usage()
     by_model: dict[str, list[int]] = {}
-    failed = 0
+    failed = requests = 0
     for (writer, epoch, model), s in sums.items():
         if exclude_writer is not None and (writer, epoch) == exclude_writer:
+            continue
+        requests += s[6]
+        if model == REQUESTS_MODEL:  # requests only: no model's usage
             continue
         m = by_model.setdefault(model, [0, 0, 0, 0, 0])
         for i in range(5):
@@ -108,7 +161,7 @@ def usage_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) 
         failed += s[5]
     total = [0, 0, 0, 0, 0]
     for model in sorted(by_model):
-        m = by_model[model]
+        m = [saturate(v) for v in by_model[model]]
         out["by_model"][model] = {
             "calls": m[0],
             "input_tokens": m[1],
@@ -116,14 +169,15 @@ def usage_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) 
             "cost_usd": m[4] / NANOS,
             "unpriced_calls": m[3],
         }
-        total = [a + b for a, b in zip(total, m)]
+        total = [saturate(a + b) for a, b in zip(total, m)]
     out.update(
         calls=total[0],
         input_tokens=total[1],
         output_tokens=total[2],
         unpriced_calls=total[3],
+        requests=saturate(requests),
         cost_usd=total[4] / NANOS,
-        failed_attempts_cost_usd=failed / NANOS,
+        failed_attempts_cost_usd=saturate(failed) / NANOS,
     )
     return out
 
@@ -135,7 +189,7 @@ def spend_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) 
         if exclude_writer is None or (writer, epoch) != exclude_writer:
             nanos += s[4]
             tokens += s[1] + s[2]
-    return nanos, tokens
+    return saturate(nanos), saturate(tokens)
 
 
 def usage_of_events(events: Iterable[Event], *, exclude_writer: tuple[str, int] | None = None) -> dict[str, Any]:
@@ -152,15 +206,22 @@ def sums_of_events(events: Iterable[Event]) -> Sums:
         record = _payload(ev.value_json)
         if record is None:
             continue
+        calls = 0
         for e in record["usage"]:
-            s = sums.setdefault((ev.writer_id, ev.writer_epoch, e["model"]), [0, 0, 0, 0, 0, 0])
+            s = sums.setdefault((ev.writer_id, ev.writer_epoch, e["model"]), [0] * 7)
             nanos = _nanos(e.get("cost_usd"))
             for i, key in enumerate(_COUNTS):
-                s[i] += int(e.get(key) or 0)
+                s[i] += bounded_count(e.get(key))
             s[4] += nanos
             if ev.event_type is EventType.FAILED:
                 s[5] += nanos
-    return sums
+            n = bounded_count(e.get("calls"))
+            s[6] += n
+            calls += n
+        requests = _requests(record)
+        if requests is not None:  # the attempt counted its requests: they replace its calls
+            sums.setdefault((ev.writer_id, ev.writer_epoch, REQUESTS_MODEL), [0] * 7)[6] += requests - calls
+    return {k: [saturate(v) for v in s] for k, s in sums.items()}
 
 
 def attempts_of_events(events: Iterable[Event]) -> list[dict[str, Any]]:
@@ -176,18 +237,26 @@ def attempts_of_events(events: Iterable[Event]) -> list[dict[str, Any]]:
             status = "completed"
         else:
             status = "transient" if ev.status == STORED_STATUS_TRANSIENT else "failed"
-        for e in record["usage"]:
+        entries = record["usage"]
+        requests = _requests(record)
+        if requests is None:
+            requests = sum(bounded_count(e.get("calls")) for e in entries)
+        # the attempt's requests (all its models') on each of its rows; one row without a model when
+        # it sent requests but recorded no usage (every request failed)
+        for e in entries or [{"model": None}]:
+            cost = e.get("cost_usd")
             rows.append(
                 {
                     "attempt": record.get("attempt"),
                     "step": ev.step,
                     "status": status,
                     "model": e["model"],
-                    "input_tokens": int(e.get("input_tokens") or 0),
-                    "output_tokens": int(e.get("output_tokens") or 0),
-                    "cost_usd": e.get("cost_usd"),
-                    "calls": int(e.get("calls") or 0),
-                    "unpriced_calls": int(e.get("unpriced_calls") or 0),
+                    "input_tokens": bounded_count(e.get("input_tokens")),
+                    "output_tokens": bounded_count(e.get("output_tokens")),
+                    "cost_usd": None if cost is None else min(max(cost, 0.0), MAX_USD),
+                    "calls": bounded_count(e.get("calls")),
+                    "unpriced_calls": bounded_count(e.get("unpriced_calls")),
+                    "requests": requests,
                     "item_id": ev.item_id,
                 }
             )
@@ -222,8 +291,8 @@ def _json_lines(values: pa.ChunkedArray) -> bytes:
     return b"".join(parts)
 
 
-def _entries(table: pa.Table) -> tuple[pa.StructArray, np.ndarray]:
-    """Every stored entry of ``table``'s rows, and the row each came from."""
+def _entries(table: pa.Table) -> tuple[pa.StructArray, np.ndarray, np.ndarray]:
+    """Every stored entry of ``table``'s rows, the row each came from, and each row's requests (NaN: none)."""
     data = _json_lines(table["value_json"])
     parsed = pa_json.read_json(
         io.BytesIO(data),
@@ -233,7 +302,8 @@ def _entries(table: pa.Table) -> tuple[pa.StructArray, np.ndarray]:
     lists = parsed["usage"].combine_chunks()
     entries = pc.list_flatten(lists)
     parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
-    return entries, parents
+    requests = parsed["requests"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.float64)
+    return entries, parents, requests
 
 
 def usage_rows_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
@@ -243,12 +313,13 @@ def usage_rows_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
     # (a failure's record without usage, any other JSON) are not parsed at all. Null values give null,
     # which a filter drops.
     value = table["value_json"]
-    return pc.and_(keep, pc.and_(pc.starts_with(value, "{"), pc.match_substring(value, '"usage"')))
+    named = pc.or_(pc.match_substring(value, '"usage"'), pc.match_substring(value, '"requests"'))
+    return pc.and_(keep, pc.and_(pc.starts_with(value, "{"), named))
 
 
 #: the columns a usage projection groups by, and the sums of a :data:`Sums` list in order
 GROUP_COLUMNS = ("writer_id", "writer_epoch", "model")
-SUM_COLUMNS = (*_COUNTS, "nanos", "failed_nanos")
+SUM_COLUMNS = (*_COUNTS, "nanos", "failed_nanos", "requests")
 _ENTRIES = pa.schema(
     [
         ("writer_id", pa.string()),
@@ -276,31 +347,69 @@ def entries_of_table(table: pa.Table) -> pa.Table:
         return (
             _ENTRIES.empty_table() if "event_key" in table.column_names else _ENTRIES.empty_table().drop(["event_key"])
         )
-    entries, parents = _entries(table)
+    entries, parents, row_requests = _entries(table)
     cost = entries.field("cost_usd").fill_null(0.0).to_numpy(zero_copy_only=False)
-    nanos = np.rint(cost * NANOS).astype(np.int64)
+    nanos = np.rint(np.clip(cost, 0.0, MAX_USD) * NANOS).astype(np.int64)
     failed_rows = pc.equal(table["event_type"], EventType.FAILED.value).to_numpy(zero_copy_only=False)
-    parent_idx = pa.array(parents, pa.int64())
+    counts = {k: _bounded(entries.field(k)) for k in _COUNTS}
+    # an attempt that counted its requests: one more entry (REQUESTS_MODEL) with its requests beyond
+    # its entries' calls, as the reference fold sums them
+    counted = np.flatnonzero(~np.isnan(row_requests))
+    row_calls = np.zeros(table.num_rows, np.int64)
+    np.add.at(row_calls, parents, counts["calls"])
+    extra = _bounded_values(row_requests[counted]) - row_calls[counted]
+    rows = np.concatenate([parents, counted]).astype(np.int64)
+    zeros = np.zeros(len(counted), np.int64)
+    parent_idx = pa.array(rows, pa.int64())
     columns = {
         "writer_id": table["writer_id"].take(parent_idx),
         "writer_epoch": table["writer_epoch"].take(parent_idx).cast(pa.int64()),
-        "model": entries.field("model"),
-        **{k: pc.fill_null(entries.field(k), 0) for k in _COUNTS},
-        "nanos": pa.array(nanos, pa.int64()),
-        "failed_nanos": pa.array(np.where(failed_rows[parents], nanos, 0), pa.int64()),
+        "model": pa.concat_arrays(
+            [entries.field("model").cast(pa.string()), pa.array([REQUESTS_MODEL] * len(counted), pa.string())]
+        ),
+        **{k: pa.array(np.concatenate([v, zeros]), pa.int64()) for k, v in counts.items()},
+        "nanos": pa.array(np.concatenate([nanos, zeros]), pa.int64()),
+        "failed_nanos": pa.array(np.concatenate([np.where(failed_rows[parents], nanos, 0), zeros]), pa.int64()),
+        "requests": pa.array(np.concatenate([counts["calls"], extra]), pa.int64()),
     }
     if "event_key" in table.column_names:
         columns["event_key"] = table["event_key"].take(parent_idx)
     return pa.table(columns)
 
 
+def _bounded_values(values: np.ndarray) -> np.ndarray:
+    """:func:`bounded_count` of float64 values (NaN: absent, 0)."""
+    return np.clip(np.trunc(np.nan_to_num(values, nan=0.0)), 0, MAX_COUNT).astype(np.int64)
+
+
+def _bounded(column: pa.Array) -> np.ndarray:
+    return _bounded_values(column.to_numpy(zero_copy_only=False).astype(np.float64))
+
+
 def sums_of_entries(entries: pa.Table) -> Sums:
     """Per-writer sums of :func:`entries_of_table`'s rows (grouped aggregates)."""
     if entries.num_rows == 0:
         return {}
-    grouped = entries.group_by(list(GROUP_COLUMNS)).aggregate([(k, "sum") for k in SUM_COLUMNS]).to_pydict()
+    n = entries.num_rows
+    # int64 sums wrap only when n times the largest value could pass SATURATED (a hostile older
+    # log): then float sums tell which groups saturate (int64 arithmetic is exact modulo 2**64)
+    risky = [k for k in SUM_COLUMNS if (pc.max(pc.abs(entries[k])).as_py() or 0) * n >= SATURATED]
+    table = entries.select([*GROUP_COLUMNS, *SUM_COLUMNS])
+    for k in risky:
+        table = table.append_column(f"{k}_f", entries[k].cast(pa.float64(), safe=False))
+    aggs = [(k, "sum") for k in SUM_COLUMNS] + [(f"{k}_f", "sum") for k in risky]
+    grouped = table.group_by(list(GROUP_COLUMNS)).aggregate(aggs).to_pydict()
+
+    def value(k: str, i: int) -> int:
+        exact = int(grouped[f"{k}_sum"][i])
+        if k in risky:
+            approx = grouped[f"{k}_f_sum"][i]
+            if abs(approx) > SATURATED:
+                return SATURATED if approx > 0 else -SATURATED
+        return saturate(exact)
+
     return {
-        (w, int(e), m): [int(grouped[f"{k}_sum"][i]) for k in SUM_COLUMNS]
+        (w, int(e), m): [value(k, i) for k in SUM_COLUMNS]
         for i, (w, e, m) in enumerate(zip(grouped["writer_id"], grouped["writer_epoch"], grouped["model"]))
     }
 

@@ -16,7 +16,7 @@ import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.ledger.pricing import price_usd
-from airflow_provider_datagen.exceptions import bad_argument
+from airflow_provider_datagen.exceptions import UsageValueError, bad_argument
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 _OWNER = "ctx.record_usage"
 #: the most characters of a model name (a longer one is not a name)
 MAX_MODEL = 200
+#: the most tokens (input or output) one call may record: no model reads or writes a trillion
+MAX_TOKENS = 10**12
+#: the most USD one call may record
+MAX_COST_USD = 10**6
 
 
 class AttemptUsage(list["UsageRecord"]):
@@ -66,6 +70,15 @@ def _count(param: str, value: Any, low: int) -> int:
     return value
 
 
+def _too_large(param: str, value: Any, limit: int, unit: str, calls: int) -> UsageValueError:
+    # a value no model reports: a unit mix-up or a corrupt response; stored, it would swamp the ledger
+    per = "one call" if calls == 1 else f"{calls} calls"
+    return UsageValueError(
+        f"{_OWNER}: {param}={value!r} is above the most {per} may record ({limit * calls:,} {unit}); "
+        f"record the {unit} the model reported for this call (a larger value is a bug in the caller)"
+    )
+
+
 def usage_record(model: Any, input_tokens: Any, output_tokens: Any, cost_usd: Any, calls: Any) -> UsageRecord:
     """A :class:`UsageRecord` of the arguments, checked; priced with genai-prices unless ``cost_usd`` is given."""
     if not isinstance(model, str) or not model or len(model) > MAX_MODEL:
@@ -75,11 +88,16 @@ def usage_record(model: Any, input_tokens: Any, output_tokens: Any, cost_usd: An
     calls = _count("calls", calls, 1)
     input_tokens = _count("input_tokens", input_tokens, 0)
     output_tokens = _count("output_tokens", output_tokens, 0)
+    for param, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+        if value > MAX_TOKENS * calls:
+            raise _too_large(param, value, MAX_TOKENS, "tokens", calls)
     if cost_usd is not None:
         if isinstance(cost_usd, bool) or not isinstance(cost_usd, (int, float)) or not math.isfinite(cost_usd):
             raise bad_argument(_OWNER, "cost_usd", cost_usd, "is not a number", "give the cost in USD, or None")
         if cost_usd < 0:
             raise bad_argument(_OWNER, "cost_usd", cost_usd, "is negative", "give the cost in USD, or None")
+        if cost_usd > MAX_COST_USD * calls:
+            raise _too_large("cost_usd", cost_usd, MAX_COST_USD, "USD", calls)
         cost: float | None = float(cost_usd)
     else:
         cost = price_usd(model, input_tokens, output_tokens)

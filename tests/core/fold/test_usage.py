@@ -56,12 +56,28 @@ entries = st.fixed_dictionaries(
         "unpriced_calls": st.integers(0, 5),
     }
 )
+#: an older version's unchecked values: beyond int64, beyond the bounds the folds read them at
+hostile_entries = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(MODELS),
+        "calls": st.sampled_from([1, 2**64, 10**16]),
+        "input_tokens": st.sampled_from([0, 2**64, 2**63 - 1, 10**15 + 1]),
+        "output_tokens": st.sampled_from([0, 2**70, 10**12]),
+        "cost_usd": st.sampled_from([None, 9.2e9, 1e300, 0.5]),
+        "unpriced_calls": st.sampled_from([0, 2**64]),
+    }
+)
+requests = st.integers(0, 12) | st.sampled_from([2**64, 10**16])
 payloads = st.one_of(
     st.none(),  # a row without a value (a plain STEP_COMPLETED, a FAILED row without a policy)
     st.fixed_dictionaries({"attempt": st.integers(1, 4), "transient": st.booleans()}),  # a retry record only
     st.fixed_dictionaries({"attempt": st.integers(1, 4), "usage": st.lists(entries, max_size=3)}),
+    # an attempt that counted its requests (ctx.take_request_slot), with usage or without (all failed)
+    st.fixed_dictionaries({"attempt": st.integers(1, 4), "usage": st.lists(entries, max_size=3), "requests": requests}),
+    st.fixed_dictionaries({"attempt": st.integers(1, 4), "transient": st.booleans(), "requests": requests}),
+    st.fixed_dictionaries({"attempt": st.integers(1, 4), "usage": st.lists(hostile_entries, min_size=1, max_size=2)}),
     # values that are not a usage record: another JSON type, an object that only mentions "usage"
-    st.sampled_from(["a string", 7, ["usage"], {"note": "usage"}]),
+    st.sampled_from(["a string", 7, ["usage"], {"note": "usage"}, {"note": "requests"}]),
 )
 kinds = st.sampled_from(
     [

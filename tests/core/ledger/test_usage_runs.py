@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 
     from airflow_provider_datagen.core import CheckpointLog
 
-ITEM_KEYS = {"attempt", "step", "status", "model", "input_tokens", "output_tokens", "cost_usd", "calls"}
+ITEM_KEYS = {"attempt", "step", "status", "model", "input_tokens", "output_tokens", "cost_usd", "calls", "requests"}
 USAGE_KEYS = {
     "calls",
+    "requests",
     "input_tokens",
     "output_tokens",
     "cost_usd",
