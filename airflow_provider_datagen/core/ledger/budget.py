@@ -194,6 +194,29 @@ class RunUsage:
         with self._lock:
             return self._others[0] + self.cost_nanos, self._others[1] + self.tokens
 
+    def seen_reached(self) -> bool:
+        """:meth:`stop_pulling` without reading the log: the budget as this run last saw it.
+
+        For the worker thread about to start an item (only the main thread reads the log): this run's
+        own usage is counted as soon as each attempt staged it, the other writers' as last read.
+        """
+        if self.stopped is not None:
+            return True
+        if not self.budget.is_set:
+            return False
+        with self._lock:
+            spent = self._others[0] + self.cost_nanos, self._others[1] + self.tokens
+        why = self.budget.reached(*spent)
+        if why is None:
+            return False
+        with self._lock:
+            first = self.stopped is None
+            if first:
+                self.stopped = why
+        if first:
+            logger.warning("budget reached (%s): no new item starts; items in flight finish", why)
+        return True
+
     def stop_pulling(self) -> bool:
         """Whether the budget is reached: no new root item may start (checked before each one)."""
         if self.stopped is not None:

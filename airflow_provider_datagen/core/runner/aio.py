@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.runner.attempts import call_step_async
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
+from airflow_provider_datagen.core.runner.failures import CHUNK_STOPS
 from airflow_provider_datagen.core.runner.interpreter import COMPLETED, guarded
 from airflow_provider_datagen.core.runner.signals import RunEnded
 from airflow_provider_datagen.core.runner.threads import RootJob, root_jobs
-from airflow_provider_datagen.exceptions import ItemFailedError, ProcessContractError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Iterable, Iterator
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.runner.driver import Runner
     from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.store.writer import LogWriter
+    from airflow_provider_datagen.exceptions import DatagenError
 
 #: signals whose Python handler (an orchestrator's: it raises) is run by the driver, not inside a task
 _HANDLED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGALRM") if hasattr(signal, name))
@@ -77,7 +78,7 @@ class AsyncDriver:
         inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | list[ItemContext]]] = {}
         plain = not guarded(shared)
         stop_pulling = shared.stop_pulling
-        stopped: ItemFailedError | ProcessContractError | None = None
+        stopped: DatagenError | None = None
         exhausted = False
         clean = False  # the batch holds whole acknowledgements only (the driver is between two of them)
 
@@ -93,8 +94,8 @@ class AsyncDriver:
                     item, ctx = inflight.pop(task)
                     try:
                         self._settle(task, item, ctx)
-                    except (ItemFailedError, ProcessContractError) as err:
-                        # fail_fast, or the contract broken once too often: start nothing more, but
+                    except CHUNK_STOPS as err:
+                        # fail_fast, the contract broken once too often, a repeated error: start nothing more, but
                         # acknowledge what is already running (its work is paid for), as threads do
                         if stopped is None:
                             stopped = err
@@ -150,10 +151,12 @@ class AsyncDriver:
         report: Any,
     ) -> None:
         runner = self.runner
-        src, state, replayed, _ = job
+        src, state, replayed, _, create = job
         iid = src.item_id
         if replayed:
             report.replayed.append(iid)
+        if create:
+            runner.stage_created(src)  # a lazily pulled item: created as it starts
         item: SourceItem | WorkItem
         # the plain call's context, or the guarded call's contexts, one per attempt (the last one's
         # recorded usage goes with the item's FAILED row)

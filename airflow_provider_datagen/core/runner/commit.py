@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from airflow_provider_datagen.core.runner.contract import ContractStreak
+from airflow_provider_datagen.core.runner.failures import FailureStreak
 from airflow_provider_datagen.core.runner.interpreter import Interpreter
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from airflow_provider_datagen.core.fold import ItemState
     from airflow_provider_datagen.core.runner.report import RunReport
@@ -37,7 +37,9 @@ class Committer(Interpreter):
         #: count bound there and only the time bound flushes inside it
         self.ack_bound = shared.policy.group
         #: consecutive items that broke the process's contract (see contract.py)
-        self.contract = ContractStreak()
+        self.contract = FailureStreak()
+        #: consecutive items that failed with the same error (``max_repeated_failures``, failures.py)
+        self.repeats = FailureStreak()
 
     def flush(self) -> None:
         if len(self.batch):
@@ -71,6 +73,20 @@ class Committer(Interpreter):
             or time.monotonic() - shared.last_flush >= shared.policy.interval
         )
 
+    def pull_limit(self) -> int | None:
+        """The most items the next pull may hold so that a stop for repeated failures ends at its last one.
+
+        While items in a row are failing with the same error, ``max_repeated_failures`` minus that
+        streak more such failures stop the chunk: a pull no larger leaves no item pulled (ITEM_CREATED,
+        read as running) that never starts. None: no streak, no cap.
+        """
+        most = self.shared.max_repeated_failures
+        if most is None:
+            return None
+        report = self.report
+        streak = self.repeats.current(len(report.processed) + len(report.failed))
+        return max(most - streak, 1) if streak else None
+
     def pull(self, items: list[tuple[SourceItem, ItemState | None]]) -> None:
         """The inbox: one commit of ITEM_CREATED rows before any of these items is processed."""
         if not items:
@@ -95,19 +111,25 @@ def chunks(seq: list[str], n: int) -> Iterable[list[str]]:
         yield seq[i : i + n]
 
 
-def pulls(seq: list[str], cap: int, interval: float) -> Iterable[list[str]]:
+def pulls(
+    seq: list[str], cap: int, interval: float, limit: Callable[[], int | None] | None = None
+) -> Iterable[list[str]]:
     """Inbox groups that adapt to the item rate: start small, double while a group takes under half
     the checkpoint interval, halve when one takes longer than it.
 
     Fast processes get few, large pull commits; slow ones never mark thousands of items as in flight
-    (running) long before they are processed, so the inbox a crash leaves stays small.
+    (running) long before they are processed, so the inbox a crash leaves stays small. ``limit()``,
+    asked before each group, caps that group (None: no cap): the items a stop could leave pulled but
+    never started (:meth:`Committer.pull_limit`).
     """
     size = min(MIN_PULL, cap)
     i = 0
     while i < len(seq):
         started = time.monotonic()
-        yield seq[i : i + size]
-        i += size
+        most = limit() if limit is not None else None
+        take = size if most is None else max(1, min(size, most))
+        yield seq[i : i + take]
+        i += take
         took = time.monotonic() - started
         if took < interval / 2:
             size = min(cap, size * 2)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_datagen.core.runner.report import RunReport
     from airflow_provider_datagen.core.runner.shared import RunShared
+    from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.store.batch import Batch
 
 COMPLETED = ItemStatus.COMPLETED.value
@@ -76,6 +77,14 @@ class Interpreter:
 
     def new_batch(self) -> Batch:
         return self.shared.writer.new_batch()
+
+    def stage_created(self, src: SourceItem) -> None:
+        """A lazily pulled root item's ITEM_CREATED, staged as the item starts (a run that a budget may stop).
+
+        Its commit then carries it with the item's first checkpoint or acknowledgement: an item the
+        stop never started has none, and stays ``never_started``.
+        """
+        self.batch.items_created([src.item_id], [src.fingerprint], self.shared.processor_version)
 
     # --- what subclasses decide ----------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from airflow_provider_datagen.core.retry import RetryPolicy
 from airflow_provider_datagen.core.runner.aio import LoopThread, run_async
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, chunks, pulls
 from airflow_provider_datagen.core.runner.driver import Runner
+from airflow_provider_datagen.core.runner.failures import DEFAULT_MAX_REPEATED_FAILURES
 from airflow_provider_datagen.core.runner.interpreter import guarded, has_async, has_fanout
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import DEFAULT_GROUP_SECONDS, CommitPolicy, RunShared
@@ -63,6 +64,7 @@ def run_items(
     rate_limit_storage: str | None = None,
     budget_usd: float | None = None,
     budget_tokens: int | None = None,
+    max_repeated_failures: int | None = DEFAULT_MAX_REPEATED_FAILURES,
 ) -> RunReport:
     """Process every pending item of ``items`` and record it in ``log``; touch nothing that is done.
 
@@ -107,6 +109,13 @@ def run_items(
     error carrying a Retry-After (a 429), retried or not, puts the key in a cooldown every worker honours (see
     docs/adr/0009-shared-rate-limits.md).
 
+    ``max_repeated_failures=N`` (default 5; None: never) stops a systemic failure early: when N items
+    in a row (acknowledgement order, as above) fail, after their retries, with the same error type and
+    message (a wrong connection id, an unreachable server), the chunk starts no new item, acknowledges
+    the items in flight and raises :class:`~airflow_provider_datagen.exceptions.RepeatedFailureError`
+    naming the error and the count; the failed items keep their FAILED rows and the rest stays
+    pending (``never_started``). Errors whose messages differ per item never stop it.
+
     ``retry=RetryPolicy(...)`` retries a leaf step's transient errors in place: up to ``attempts``
     calls per item in this run, waiting with exponential backoff (at least an error's Retry-After)
     in the calling thread. Each retried attempt is a FAILED row marked transient (the failure lens
@@ -142,6 +151,18 @@ def run_items(
         raise bad_argument(
             "run_items", "concurrency", concurrency, "is not an int >= 1", "pass 1 to run items one at a time"
         )
+    if max_repeated_failures is not None and (
+        isinstance(max_repeated_failures, bool)
+        or not isinstance(max_repeated_failures, int)
+        or max_repeated_failures < 1
+    ):
+        raise bad_argument(
+            "run_items",
+            "max_repeated_failures",
+            max_repeated_failures,
+            "is not an int >= 1 or None",
+            "pass e.g. 5 (stop after 5 items in a row fail with the same error) or None to never stop for it",
+        )
     check_redo_completed("run_items", redo_completed)
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise bad_argument(
@@ -170,6 +191,7 @@ def run_items(
         reraise=reraise,
         has_fanout=has_fanout(pipeline),
         retry=retry,
+        max_repeated_failures=max_repeated_failures,
     )
     limiter = None
     if rate_limit is not None:
@@ -191,6 +213,7 @@ def run_items(
         if budget.is_set:
             log.set_budget(budget.usd, budget.tokens)
             shared.stop_pulling = meter.stop_pulling
+            shared.stop_starting = meter.seen_reached
 
             def near() -> None:
                 # close to the budget: each acknowledgement is committed at once (a time bound of 0)
@@ -228,21 +251,26 @@ def run_items(
             run_pulls_concurrently(runner, writer, replays, restart, by_id, plan, concurrency, tick)
         else:
             stop = shared.stop_pulling  # a budget: checked before each new root item
+            # a budget may stop the run before any item: each one's ITEM_CREATED is staged as it starts
+            lazy = stop is not None
             for src, st in replays:
                 if stop is not None and stop():
                     break
                 runner.run_root(src, st, replayed=True)
                 tick()
-            if policy.pipelined:
+            if policy.pipelined and not lazy:
                 runner.ack_bound = cap + 1  # never reached: each pull's acks commit with the next pull
-            for chunk in pulls(restart, cap, checkpoint_interval):
+            for chunk in pulls(restart, cap, checkpoint_interval, runner.pull_limit):
                 if stop is not None and stop():
                     break
                 writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
-                runner.pull([(by_id[iid], None) for iid in chunk])
+                if not lazy:
+                    runner.pull([(by_id[iid], None) for iid in chunk])
                 for iid in chunk:
                     if stop is not None and stop():
                         break
+                    if lazy:
+                        runner.stage_created(by_id[iid])
                     if one_step:
                         run_leaf(by_id[iid], iid in replayed_restarts)
                     else:

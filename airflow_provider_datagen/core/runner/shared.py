@@ -190,5 +190,11 @@ class RunShared:
     #: loop thread and returns its result (aio.py, ``LoopThread``); None: no async step, or a one-step
     #: async process (the async driver awaits it itself)
     bridge: Callable[[Coroutine[Any, Any, Any]], Any] | None = None
-    #: a budget's check before a new root item starts (None: no check; see the usage ledger)
+    #: a budget's check before a new root item starts (None: no check; see the usage ledger); it may
+    #: read the log, so only the main thread calls it
     stop_pulling: Callable[[], bool] | None = None
+    #: the same check without a log read, for the worker thread about to start an item: the budget as
+    #: the run last saw it (``RunUsage.seen_reached``), so no item starts after that (threads.py)
+    stop_starting: Callable[[], bool] | None = None
+    #: this many items in a row failing with the same error stop the chunk (failures.py); None: never
+    max_repeated_failures: int | None = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.core.error_text import error_message
+
 if TYPE_CHECKING:
     from airflow_provider_datagen.core.events import StepCoord
     from airflow_provider_datagen.core.ledger.records import UsageRecord
@@ -27,7 +29,7 @@ class StepFailure(Exception):
         attempt: int | None = None,
         usage: list[UsageRecord] | None = None,
     ) -> None:
-        super().__init__(str(exc))
+        super().__init__(error_message(exc))  # the user's error may break its own __str__
         self.item_id = item_id
         self.coord = coord
         self.__cause__ = exc

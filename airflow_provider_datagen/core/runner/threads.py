@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, pulls
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem, loaded_fields
-from airflow_provider_datagen.core.runner.failures import on_failure
+from airflow_provider_datagen.core.runner.failures import CHUNK_STOPS, on_failure
 from airflow_provider_datagen.core.runner.interpreter import ChildJob, Interpreter, guarded
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import FlushRequest
 from airflow_provider_datagen.core.runner.signals import RunEnded, StepFailure
 from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.core.steps import Step
-from airflow_provider_datagen.exceptions import ItemFailedError, ProcessContractError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -38,11 +37,14 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.store.batch import Batch
     from airflow_provider_datagen.core.store.writer import LogWriter
+    from airflow_provider_datagen.exceptions import DatagenError
 
 #: what ``ItemWorker.work`` returns: the item's (status, filter reason), or the exception it raised
 ItemOutcome = tuple[tuple[str, Any] | None, BaseException | None]
 #: an :data:`ItemOutcome` whose TERMINAL the worker staged itself (:meth:`ItemWorker.work_fresh_leaf`)
 STAGED = ("staged", None)
+#: an :data:`ItemOutcome` of an item its worker did not start: the budget was reached (it stays pending)
+NOT_STARTED = ("not started", None)
 #: what ``ItemWorker.work_child`` returns: the child's fields, or the exception it raised
 ChildOutcome = tuple[dict[str, Any] | None, BaseException | None]
 
@@ -56,6 +58,8 @@ class RootJob(NamedTuple):
     replayed: bool
     #: a restarted root with events in the log (its fan-out children are read before it runs)
     history: bool
+    #: pulled lazily (a budget may stop the run): its ITEM_CREATED is staged by whoever starts it
+    create: bool = False
 
 
 class ItemWorker(Interpreter):
@@ -210,6 +214,18 @@ class ItemWorker(Interpreter):
             raise first
 
 
+class Queued(NamedTuple):
+    """A root item queued for :class:`RootWorkers`."""
+
+    #: its place in submission order
+    index: int
+    #: the item to drive, or None for a fresh item on the short path
+    item: WorkItem | None
+    src: SourceItem
+    #: the worker that starts it stages its ITEM_CREATED (a lazily pulled item)
+    create: bool
+
+
 class Finished(NamedTuple):
     """A root item a worker finished (or failed), handed to the main thread to acknowledge."""
 
@@ -242,7 +258,7 @@ class RootWorkers:
         #: a one-step pipeline with no retry, rate limit or bridge: fresh items take the short path,
         #: as run_items' loop does (a guarded call goes through attempts.py on the general driver)
         self.leaf = runner._leaf if type(shared.pipeline) is Step and not guarded(shared) else None
-        self.jobs: queue.SimpleQueue[tuple[int, WorkItem | None, SourceItem] | None] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[Queued | None] = queue.SimpleQueue()
         self.threads = 0
         #: cleared while a failed item waits for its acknowledgement: a failure may end the run
         #: (fail_fast, a contract streak, a reraise type), and until the main thread knows, no thread
@@ -254,16 +270,19 @@ class RootWorkers:
         self._stopping = False
         self._lock = threading.Lock()
 
-    def submit(self, index: int, item: WorkItem | None, src: SourceItem) -> None:
-        """Queue a root item: ``item`` to drive, or None for a fresh item on the short path."""
-        self.jobs.put((index, item, src))
+    def submit(self, index: int, item: WorkItem | None, src: SourceItem, create: bool = False) -> None:
+        """Queue a root item: ``item`` to drive, or None for a fresh item on the short path.
+
+        ``create``: the worker that starts it stages its ITEM_CREATED (a lazily pulled item).
+        """
+        self.jobs.put(Queued(index, item, src, create))
         if self.threads < self.concurrency:  # started as items come: a small run starts few threads
             self.pool.submit(self._loop)
             self.threads += 1
 
-    def unstarted(self) -> list[tuple[int, WorkItem | None, SourceItem]]:
-        """Take back the queued items no thread has started: they stay pending, in the inbox."""
-        taken: list[tuple[int, WorkItem | None, SourceItem]] = []
+    def unstarted(self) -> list[Queued]:
+        """Take back the queued items no thread has started: they stay pending (a lazily pulled one never started)."""
+        taken: list[Queued] = []
         while True:
             try:
                 job = self.jobs.get_nowait()
@@ -301,20 +320,34 @@ class RootWorkers:
         worker = ItemWorker(shared)
         report = worker.report
         get, fanout, leaf, go = self.jobs.get, shared.has_fanout, self.leaf, self.go
+        stop = shared.stop_starting
         while True:
             if not go.is_set():
                 go.wait()
             job = get()
             if job is None or handoff.closed:  # never start user code after the run has ended
                 return
-            index, item, src = job
-            if item is None:
-                assert leaf is not None
-                outcome = worker.work_fresh_leaf(src, leaf)
-            else:
-                if fanout:  # known children are per root, as run_root clears them per root
-                    worker._known_children = set()
-                outcome = worker.work(item)
+            index, item, src, create = job
+            if stop is not None and stop():
+                # the budget was reached since the item was queued: checked here, in the thread that
+                # would start it, so no item starts after the run has seen it (the main thread's check
+                # before queueing is up to 2 * concurrency items earlier)
+                handoff.finish(Finished(index, item, src, worker.batch, 0, 0, (NOT_STARTED, None)))
+                continue
+            if create:
+                worker.stage_created(src)
+            try:
+                if item is None:
+                    assert leaf is not None
+                    outcome = worker.work_fresh_leaf(src, leaf)
+                else:
+                    if fanout:  # known children are per root, as run_root clears them per root
+                        worker._known_children = set()
+                    outcome = worker.work(item)
+            except BaseException as exc:
+                # handed back whatever it is: a thread that died here would leave the main thread
+                # waiting for this item forever
+                outcome = (None, exc)
             batch, worker.batch = worker.batch, worker.new_batch()
             if outcome[1] is not None:
                 self.hold()
@@ -347,7 +380,7 @@ def run_concurrent(
     outstanding = 0  # queued or running
     bound = 2 * concurrency  # queued or running: a thread that finishes finds its next item queued
     submitted = 0
-    stopped: ItemFailedError | ProcessContractError | None = None
+    stopped: DatagenError | None = None
     budget_reached = False
     waiting = False
     handoff = shared.handoff
@@ -365,7 +398,7 @@ def run_concurrent(
                 job = next(todo, None)
                 if job is None:
                     break
-                src, state, replayed, history = job
+                src, state, replayed, history, create = job
                 if replayed:
                     report.replayed.append(src.item_id)
                 item: WorkItem | None = None
@@ -381,7 +414,7 @@ def run_concurrent(
                         children = {cid: replace(st, fields=loaded_fields(st.fields)) for cid, st in children.items()}
                     # a replayed root's recorded fields are loaded here too (WorkItem.start reads its blobs)
                     item = WorkItem.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
-                workers.submit(submitted, item, src)
+                workers.submit(submitted, item, src, create)
                 submitted += 1
                 outstanding += 1
             if not outstanding:
@@ -395,8 +428,15 @@ def run_concurrent(
             if len(finished) > 1:
                 # several can finish together: acknowledge them in submission order, not set order
                 finished.sort(key=_submission_order)
-            for _, item, src, batch, invocations, steps, (outcome, exc) in finished:
+            for index, item, src, batch, invocations, steps, (outcome, exc) in finished:
                 outstanding -= 1
+                if outcome is NOT_STARTED:
+                    # its worker saw the budget reached: start nothing new, finish what runs
+                    _unqueue(report, [Queued(index, item, src, False)])
+                    if not budget_reached:
+                        budget_reached = True
+                        outstanding -= _unqueue(report, workers.unstarted())
+                    continue
                 runner.batch.extend(batch)
                 report.invocations += invocations
                 runner.steps += steps
@@ -412,9 +452,9 @@ def run_concurrent(
                 else:
                     try:
                         on_failure(runner, item or runner._bare_item(src), exc)
-                    except (ItemFailedError, ProcessContractError) as err:
-                        # fail_fast, or the process broke its contract once too often: start nothing
-                        # more (pull nothing more), but acknowledge what is already running (its work
+                    except CHUNK_STOPS as err:
+                        # fail_fast, the contract broken once too often, the same error repeated: start
+                        # nothing more (pull nothing more), but acknowledge what is already running (its work
                         # is paid for) before raising the first such error, as sequential does
                         if stopped is None:
                             stopped = err
@@ -448,10 +488,10 @@ def _submission_order(finished: Finished) -> int:
     return finished.order
 
 
-def _unqueue(report: RunReport, jobs: list[tuple[int, WorkItem | None, SourceItem]]) -> int:
+def _unqueue(report: RunReport, jobs: list[Queued]) -> int:
     """Forget queued items that will not start: a replayed one is not reported as replayed."""
     if jobs:
-        gone = {src.item_id for _, _, src in jobs}
+        gone = {job.src.item_id for job in jobs}
         report.replayed[:] = [iid for iid in report.replayed if iid not in gone]
     return len(jobs)
 
@@ -488,15 +528,18 @@ def root_jobs(
     shared = runner.shared
     replayed_restarts = set(plan.demoted)
     cap = max(shared.policy.group, MIN_PULL)
+    # a budget may stop the run before any item: each one's ITEM_CREATED is staged as it starts
+    lazy = shared.stop_pulling is not None
     for src, state in replays:
         yield RootJob(src, state, True, False)
-    if shared.policy.pipelined:
+    if shared.policy.pipelined and not lazy:
         runner.ack_bound = cap + 1  # as run_items' sequential path: each pull's acks commit with the next
-    for chunk in pulls(restart, cap, shared.policy.interval):
+    for chunk in pulls(restart, cap, shared.policy.interval, runner.pull_limit):
         writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
-        runner.pull([(by_id[iid], None) for iid in chunk])
+        if not lazy:
+            runner.pull([(by_id[iid], None) for iid in chunk])
         for iid in chunk:
-            yield RootJob(by_id[iid], None, iid in replayed_restarts, iid in plan.last_seq)
+            yield RootJob(by_id[iid], None, iid in replayed_restarts, iid in plan.last_seq, lazy)
 
 
 def run_pulls_concurrently(
