@@ -169,12 +169,16 @@ def _y_ticks(peak: float) -> tuple[float, list[dict[str, Any]]]:
 
 
 def _x_ticks(n: int, start: int, width: int, span_us: int) -> list[dict[str, Any]]:
-    """Labelled ticks at bucket starts, at most :data:`MAX_TICKS`, in UTC (with the date on a long run)."""
+    """Labelled ticks at bucket edges, at most :data:`MAX_TICKS` + 1, in UTC (with the date on a long run).
+
+    The last edge (the end of the last bucket) is ticked when the step lands on it, so a run of one
+    minute shows where its minute starts and ends.
+    """
     every = max(1, math.ceil(n / MAX_TICKS))
     step = CHART_WIDTH / n
     fmt = "%m-%d %H:%M" if span_us >= _DAY_US else "%H:%M"
     ticks = []
-    for i in range(0, n, every):
+    for i in range(0, n + 1, every):
         at = np.datetime64(start + i * width * _MINUTE_US, "us").astype(object)
         ticks.append({"x": round(i * step, 2), "label": at.strftime(fmt)})
     return ticks

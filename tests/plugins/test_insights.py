@@ -315,14 +315,19 @@ def _svg_texts(page: str, cls: str) -> list[str]:
 
 def test_throughput_chart_has_labelled_axes(client: TestClient, timed_log: CheckpointLog) -> None:
     page = client.get(f"/datagen/experiments/{P}/timed").text
-    # y: rates per minute up to the peak (3), in whole steps; x: the three minutes of the run, in UTC
-    assert _svg_texts(page, "tick") == ["0", "1", "2", "3", "12:00", "12:01", "12:02"]
+    # y: rates per minute up to the peak (3), in whole steps; x: the edges of the run's three minutes, in UTC
+    assert _svg_texts(page, "tick") == ["0", "1", "2", "3", "12:00", "12:01", "12:02", "12:03"]
     assert _svg_texts(page, "axis-title") == ["time (UTC)", "per minute"]
     chart = client.get(f"/datagen/api/experiments/{P}/timed").json()["throughput"]["chart"]
     assert chart["y_max"] == 3.0 and chart["plot"] == {"left": 52, "top": 10, "width": 720, "height": 140}
     # each tick sits where its value is: 0 at the bottom of the plot, the top value at its top
     assert [(t["label"], t["y"]) for t in chart["y_ticks"]] == [("0", 140.0), ("1", 93.33), ("2", 46.67), ("3", 0.0)]
-    assert [(t["label"], t["x"]) for t in chart["x_ticks"]] == [("12:00", 0.0), ("12:01", 240.0), ("12:02", 480.0)]
+    assert [(t["label"], t["x"]) for t in chart["x_ticks"]] == [
+        ("12:00", 0.0),
+        ("12:01", 240.0),
+        ("12:02", 480.0),
+        ("12:03", 720.0),
+    ]
     # the tallest bar (3 completed at 12:00) reaches the top of the axis
     top_bar = max(chart["bars"], key=lambda b: b["h"])
     assert (top_bar["kind"], top_bar["y"], top_bar["h"]) == ("completed", 0.0, 140.0)
