@@ -41,7 +41,7 @@ from airflow_provider_datagen.core.schema import (
 )
 from airflow_provider_datagen.core.sources import snapshot_digest
 from airflow_provider_datagen.core.status import summarize
-from airflow_provider_datagen.core.store import lance_io, ledger, maintenance, projection, tally
+from airflow_provider_datagen.core.store import epochs, lance_io, ledger, maintenance, projection, tally
 from airflow_provider_datagen.core.store.batch import check_item_id
 from airflow_provider_datagen.core.store.paths import is_local, local_path, log_uri, projection_uri, snapshot_uri
 from airflow_provider_datagen.core.store.writer import Committer, LogWriter
@@ -359,15 +359,24 @@ class CheckpointLog:
         return LogWriter(self, writer_id, epoch, processor_version=processor_version, airflow=airflow)
 
     def next_epoch(self) -> int:
-        """An epoch higher than any written so far: what a new owner of items should use.
+        """An epoch higher than any written so far and never handed to another caller.
 
-        Every map task asks this first. A fold's ``max_epoch`` counts every row (losers and stale
-        ones too), so when this object's last fold or the state projection covers the log up to some
-        version, only the rows committed since are scanned, not the whole ``writer_epoch`` column.
+        Every map task asks this first. Two callers never get the same epoch, across processes and
+        hosts: the epoch is claimed from a counter beside the log (see :mod:`.epochs`), with the
+        highest epoch in the log as its floor.
+        """
+        return epochs.claim_epoch(self.uri, self.storage_options, self.max_epoch() + 1)
+
+    def max_epoch(self) -> int:
+        """The highest ``writer_epoch`` in the log, 0 when empty (claimed epochs not yet written aside).
+
+        A fold's ``max_epoch`` counts every row (losers and stale ones too), so when this object's
+        last fold or the state projection covers the log up to some version, only the rows
+        committed since are scanned, not the whole ``writer_epoch`` column.
         """
         ds = self._dataset()
         if ds is None:
-            return 1
+            return 0
         version = int(ds.version)
         top, base = 0, None
         if lance_io.row_versions(ds):
@@ -377,7 +386,7 @@ class CheckpointLog:
         if base != version:
             since = None if base is None else f"_row_created_at_version > {base}"
             top = max(top, projection.max_of(self._scan_ds(ds, ["writer_epoch"], since)["writer_epoch"]))
-        return top + 1
+        return top
 
     # --- reads ----------------------------------------------------------------------------------
 

@@ -27,6 +27,9 @@ USAGE_DIR = "usage.lance"
 LEASE_FILE = ".maintenance.lock"
 #: The maintenance lease on an object store (an object, see core/store/lease.py).
 LEASE_OBJECT = ".maintenance.lease"
+#: The last epoch claimed (core/store/epochs.py): a file under a flock locally, an object under a lease on a store.
+EPOCH_FILE = ".epoch"
+EPOCH_LEASE_OBJECT = ".epoch.lease"
 
 
 def is_local(uri: str) -> bool:
@@ -67,6 +70,11 @@ def source_ref_uri(log_uri: str) -> str:
 def usage_projection_uri(log_uri: str) -> str:
     """The URI of the usage projection of the log at ``log_uri`` (see :data:`USAGE_DIR`)."""
     return f"{experiment_uri(log_uri)}/{USAGE_DIR}"
+
+
+def epoch_uri(log_uri: str) -> str:
+    """The URI of the experiment's last claimed epoch (see :data:`EPOCH_FILE`)."""
+    return f"{experiment_uri(log_uri)}/{EPOCH_FILE}"
 
 
 def snapshot_uri(log_uri: str, digest: str) -> str:

@@ -330,7 +330,7 @@ def test_folds_are_remembered_and_stored_on_s3_and_a_log_written_again_is_never_
     count.rows = count.calls = 0
     mapped = opened()  # a mapped task: reads the projection, scans no event
     assert mapped.states().sort_by("item_id").to_pylist() == folded(log)
-    assert count.rows == 0 and mapped.next_epoch() == log.next_epoch()
+    assert count.rows == 0 and mapped.max_epoch() == log.max_epoch()
 
     # The same log deleted and written again: the same version numbers, another history.
     s3 = boto3.resource(

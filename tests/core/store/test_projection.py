@@ -91,7 +91,7 @@ def test_a_second_fold_reads_only_the_touched_items(tmp_path: Any, monkeypatch: 
     assert _sorted(after) == _fresh_states(log)
 
 
-def test_next_epoch_reads_only_the_rows_its_last_fold_or_the_projection_has_not_seen(
+def test_max_epoch_reads_only_the_rows_its_last_fold_or_the_projection_has_not_seen(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = open_log(tmp_path, "epoch")
@@ -101,13 +101,13 @@ def test_next_epoch_reads_only_the_rows_its_last_fold_or_the_projection_has_not_
     _write(log, "w", [("create", 100)])  # epoch 4, after the projection
     count = ScanCount(monkeypatch)
     fresh = open_log(tmp_path, "epoch")  # no fold of its own: the projection and one new row
-    assert fresh.next_epoch() == 5
+    assert fresh.max_epoch() + 1 == 5
     assert count.rows == 1
     fresh.states()
     count.rows = 0
-    assert fresh.next_epoch() == 5  # its own fold covers the log: nothing scanned
+    assert fresh.max_epoch() + 1 == 5  # its own fold covers the log: nothing scanned
     assert count.rows == 0
-    assert fresh.next_epoch() == _scanned_next_epoch(fresh)
+    assert fresh.max_epoch() + 1 == _scanned_next_epoch(fresh)
 
 
 def test_a_log_written_again_is_folded_from_scratch(tmp_path: Any) -> None:
@@ -152,9 +152,9 @@ def test_the_memo_never_changes_an_answer(tmp_path_factory: pytest.TempPathFacto
             _write(open_log(root, "memo"), "w2", [(o, n) for o, n in arg if n in created])
         elif op == "maintain":
             log.maintain()
-        assert log.next_epoch() == _scanned_next_epoch(log), ops
+        assert log.max_epoch() + 1 == _scanned_next_epoch(log), ops
         assert _sorted(log.states()) == _fresh_states(log), ops
-        assert log.next_epoch() == _scanned_next_epoch(log), ops
+        assert log.max_epoch() + 1 == _scanned_next_epoch(log), ops
 
 
 def test_a_dataset_without_stable_row_ids_is_always_folded_whole(tmp_path: Any) -> None:
