@@ -375,3 +375,36 @@ def test_the_usage_projection_is_stored_and_read_on_s3(moto_endpoint: str, caplo
     stored = usage_projection.open_usage_projection(opened())
     assert stored is not None and stored.log_version == report["version"] < log.version
     assert opened().usage() == _expected(log)
+
+
+def test_epochs_claimed_at_once_on_s3_are_distinct(moto_endpoint: str) -> None:
+    """Issue 24 point 7 on an object store: claims go through a timed lease, not a conditional PUT."""
+    import threading
+
+    options = {k: str(v).lower() if isinstance(v, bool) else v for k, v in _options(moto_endpoint).items()}
+
+    def opened() -> CheckpointLog:
+        return CheckpointLog.open(f"s3://{BUCKET}/epochs", pipeline="p", experiment="e", storage_options=options)
+
+    seed = opened()
+    with seed.writer("seed", 3).batch() as b:
+        b.item_created("seed", input_fingerprint="fp")
+    barrier = threading.Barrier(3)
+    claimed: list[int] = []
+    errors: list[BaseException] = []
+
+    def claim() -> None:
+        log = opened()
+        barrier.wait(60)
+        try:
+            claimed.extend(log.next_epoch() for _ in range(2))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claim) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors, errors
+    assert sorted(claimed) == [4, 5, 6, 7, 8, 9]  # distinct, each above the log's epoch 3
