@@ -134,6 +134,12 @@ class DatagenMapOperator(DatagenBaseOperator):
         **skipped** with a warning saying so (no item is marked failed); the rest stays pending for a
         run with a higher budget. ``None`` (the default): no limit.
     :param budget_tokens: the same for input + output tokens.
+    :param max_repeated_failures: when this many items in a row fail (after their retries) with the
+        same error type and message (a wrong connection id, an unreachable server), the task starts no
+        new item, finishes those in flight and fails with
+        :class:`~airflow_provider_datagen.exceptions.RepeatedFailureError` naming the error; the rest
+        stays pending for a rerun once the cause is fixed. Errors whose messages differ per item never
+        stop it. ``None``: never stop for it. Default 5.
     :param datagen_conn_id: connection of type ``datagen``.
     """
 
@@ -159,6 +165,8 @@ class DatagenMapOperator(DatagenBaseOperator):
             kwargs["budget_usd"], kwargs["budget_tokens"] = check_budget_arguments(
                 cls, kwargs.get("budget_usd"), kwargs.get("budget_tokens")
             )
+        if "max_repeated_failures" in kwargs:
+            check_positive_int(cls, "max_repeated_failures", kwargs["max_repeated_failures"], allow_none=True)
         return super().partial(**kwargs)
 
     def __init__(
@@ -181,6 +189,7 @@ class DatagenMapOperator(DatagenBaseOperator):
         rate_limit: Any = None,
         budget_usd: float | None = None,
         budget_tokens: int | None = None,
+        max_repeated_failures: int | None = 5,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -235,6 +244,9 @@ class DatagenMapOperator(DatagenBaseOperator):
         #: the rate limit in its dict form, or None
         self.rate_limit = _rate_limit_dict(self, rate_limit)
         self.budget_usd, self.budget_tokens = check_budget_arguments(self, budget_usd, budget_tokens)
+        self.max_repeated_failures = check_positive_int(
+            self, "max_repeated_failures", max_repeated_failures, allow_none=True
+        )
 
     @property
     def chunk_label(self) -> str:
@@ -305,6 +317,7 @@ class DatagenMapOperator(DatagenBaseOperator):
             redo_completed=self.chunk.get("redo_completed", self.redo_completed) if self.chunk else self.redo_completed,
             budget_usd=self.budget_usd,
             budget_tokens=self.budget_tokens,
+            max_repeated_failures=self.max_repeated_failures,
         )
         result = report.as_dict()
         self.log.info("chunk done: %s (%d commits, %d events)", result, report.commits, report.events)

@@ -118,3 +118,58 @@ def test_bad_budgets_are_refused_when_the_dag_is_parsed(kwargs: dict[str, Any], 
             DatagenMapOperator.partial(task_id="m", pipeline="p", experiment="e", process="a.b:c", **kwargs)
         with pytest.raises(ConfigurationError, match="DatagenMapOperator: " + message):
             DatagenMapOperator(task_id="m2", pipeline="p", experiment="e", process="a.b:c", source=[], **kwargs)
+
+
+REPEATED_DAG = """
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_datagen.operators.datagen import DatagenMapOperator
+
+
+def unreachable(item, ctx):
+    raise ConnectionError("Connection error.")
+
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
+    DatagenMapOperator(task_id="generate", pipeline="budget", experiment={experiment!r}, process=unreachable,
+                       source={source!r}, max_repeated_failures=3)
+"""
+
+
+def test_a_systemic_failure_fails_the_task_with_repeated_failure_error(
+    run_dag_file: Callable[..., Any], tmp_path: Path
+) -> None:
+    from airflow_provider_datagen.exceptions import RepeatedFailureError
+
+    src = textwrap.dedent(REPEATED_DAG.format(dag_id="repeated", experiment="repeated", source=_items(20)))
+    run = run_dag_file(src, "repeated")
+    assert run.states()[("generate", -1)] == "failed"
+    err = run.error("generate")
+    assert isinstance(err, RepeatedFailureError), repr(err)
+    assert "3 items in a row failed with the same error, ConnectionError: Connection error." in str(err)
+    assert "the items not yet processed stay pending" in str(err)
+    status = _log("repeated").summary()
+    assert status["failed_items"] == 3 and status["completed"] == 0  # three calls paid for, not twenty
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "5"])
+def test_a_bad_max_repeated_failures_is_refused_when_the_dag_is_parsed(bad: Any) -> None:
+    message = r"DatagenMapOperator: max_repeated_failures=.* is not a positive int; give max_repeated_failures"
+    with DAG("repeated_bad", schedule=None):
+        with pytest.raises(ConfigurationError, match=message):
+            DatagenMapOperator.partial(
+                task_id="m", pipeline="p", experiment="e", process="a.b:c", max_repeated_failures=bad
+            )
+        with pytest.raises(ConfigurationError, match=message):
+            DatagenMapOperator(
+                task_id="m2", pipeline="p", experiment="e", process="a.b:c", source=[], max_repeated_failures=bad
+            )
+        ok = DatagenMapOperator(task_id="m3", pipeline="p", experiment="e", process="a.b:c", source=[])
+        assert ok.max_repeated_failures == 5
+        off = DatagenMapOperator(
+            task_id="m4", pipeline="p", experiment="e", process="a.b:c", source=[], max_repeated_failures=None
+        )
+        assert off.max_repeated_failures is None
