@@ -58,7 +58,9 @@ def retry_after_of(exc: BaseException, now: Callable[[], float] = time.time) -> 
 
     An attribute ``retry_after`` (seconds), else a ``Retry-After`` header of an HTTP response the error
     carries (``exc.response.headers``, as httpx/requests and the SDKs built on them do): seconds, or an
-    HTTP date (the seconds until then, 0 if past). Anything unreadable is ignored (plain backoff).
+    HTTP date (the seconds until then, 0 if past). Anything else (unreadable, not finite, negative
+    seconds) is ignored: plain backoff. A long wait is returned as asked: the policy does not retry
+    what asks for more than its ``max_backoff``, and a rate limit caps the cooldown it stores.
     """
     value: Any = getattr(exc, "retry_after", None)
     if value is None:
@@ -74,7 +76,7 @@ def retry_after_of(exc: BaseException, now: Callable[[], float] = time.time) -> 
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = _float(value)
     elif isinstance(value, str):
         text = value.strip()
         try:
@@ -82,14 +84,22 @@ def retry_after_of(exc: BaseException, now: Callable[[], float] = time.time) -> 
         except ValueError:
             try:
                 when = email.utils.parsedate_to_datetime(text)
-            except (TypeError, ValueError):
+                # a date already past asks for no wait
+                return max(0.0, when.timestamp() - now())
+            except (TypeError, ValueError, OverflowError, OSError):
                 return None
-            seconds = when.timestamp() - now()
     else:
         return None
-    if not math.isfinite(seconds):
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return None
-    return max(0.0, seconds)
+    return seconds
+
+
+def _float(value: int | float) -> float | None:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float: not a number of seconds
+        return None
 
 
 @dataclass(frozen=True)

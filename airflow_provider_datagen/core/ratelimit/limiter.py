@@ -4,6 +4,11 @@ Requests and tokens are two moving windows of 60 s in a ``limits`` storage, driv
 :class:`limits.strategies.MovingWindowRateLimiter`: the embedded :class:`.sqlite.SQLiteStorage`
 (every process of one host), or any Redis URI ``limits`` understands (every host). The cooldown after
 a 429 is one shared "blocked until" deadline per key, kept beside the windows in the same storage.
+
+A cooldown is bounded by the limiter's ``max_cooldown`` (the run's ``RetryPolicy.max_backoff``, else
+:data:`DEFAULT_MAX_COOLDOWN`): a longer one is stored as that ceiling, and a stored deadline further
+ahead than the ceiling (an older version stored any hint, e.g. ``Retry-After: 1e9``) is ignored and
+replaced, so one hostile hint never blocks a key for longer than the ceiling, on any host.
 """
 
 from __future__ import annotations
@@ -46,9 +51,16 @@ _TOKEN_SLOTS = 1000
 _MIN_WAIT = 0.005
 _WINDOW = 60.0
 _NAMESPACE = "DATAGEN"
+#: the longest cooldown (seconds) a limiter stores or honours when the run has no retry policy
+#: (a policy's ``max_backoff`` is the ceiling otherwise: it retries nothing that asks for longer)
+DEFAULT_MAX_COOLDOWN = 60.0
 
+# A stored value that is not a number, or is after ARGV[3] (the ceiling), counts as none.
 _COOLDOWN_LUA = """
-local current = tonumber(redis.call('get', KEYS[1]) or '0')
+local current = tonumber(redis.call('get', KEYS[1]) or '0') or 0
+if current ~= current or current > tonumber(ARGV[3]) then
+  current = 0
+end
 local wanted = tonumber(ARGV[1])
 if wanted > current then
   redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -59,11 +71,25 @@ return tostring(current)
 
 
 class Cooldowns(Protocol):
-    """Where the shared "blocked until" deadline of each key lives."""
+    """Where the shared "blocked until" deadline of each key lives.
 
-    def block_until(self, key: str, until: float) -> float: ...
+    ``latest`` is the furthest deadline that may be stored now (now + the ceiling): one found after
+    it is an older version's unbounded cooldown, replaced by :meth:`block_until` and read as none
+    (0.0) by :meth:`blocked_until`.
+    """
 
-    def blocked_until(self, key: str) -> float: ...
+    def block_until(self, key: str, until: float, latest: float = math.inf) -> float: ...
+
+    def blocked_until(self, key: str, latest: float = math.inf) -> float: ...
+
+
+def _deadline(value: Any, latest: float) -> float:
+    """A stored deadline, or 0.0 when it is unreadable, not finite or after ``latest``."""
+    try:
+        until = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return until if math.isfinite(until) and until <= latest else 0.0
 
 
 class _RedisCooldowns:
@@ -75,15 +101,16 @@ class _RedisCooldowns:
     def _key(self, key: str) -> str:
         return f"{self._prefix}:{_NAMESPACE}/cooldown/{key}"
 
-    def block_until(self, key: str, until: float) -> float:
+    def block_until(self, key: str, until: float, latest: float = math.inf) -> float:
         # Lua turns numbers into integers on return, so the deadline travels as text; the key outlives
         # the deadline by a second so a reader never sees it vanish early.
         ttl_ms = max(1, math.ceil((until - time.time()) * 1000) + 1000)
-        return float(self._script(keys=[self._key(key)], args=[repr(until), ttl_ms]))
+        ceiling = repr(latest) if math.isfinite(latest) else "1e308"
+        return _deadline(self._script(keys=[self._key(key)], args=[repr(until), ttl_ms, ceiling]), latest)
 
-    def blocked_until(self, key: str) -> float:
+    def blocked_until(self, key: str, latest: float = math.inf) -> float:
         value = self._client.get(self._key(key))
-        return float(value) if value is not None else 0.0
+        return _deadline(value, latest) if value is not None else 0.0
 
 
 class _MemoryCooldowns:
@@ -91,13 +118,13 @@ class _MemoryCooldowns:
         self._lock = threading.Lock()
         self._until: dict[str, float] = {}
 
-    def block_until(self, key: str, until: float) -> float:
+    def block_until(self, key: str, until: float, latest: float = math.inf) -> float:
         with self._lock:
-            self._until[key] = max(self._until.get(key, 0.0), until)
+            self._until[key] = max(_deadline(self._until.get(key, 0.0), latest), until)
             return self._until[key]
 
-    def blocked_until(self, key: str) -> float:
-        return self._until.get(key, 0.0)
+    def blocked_until(self, key: str, latest: float = math.inf) -> float:
+        return _deadline(self._until.get(key, 0.0), latest)
 
 
 # memory:// is per process by nature; one storage per process at least makes it shared by its threads.
@@ -116,6 +143,7 @@ class SharedLimiter:
     :param cooldowns: where the key's shared cooldown deadline lives (the same storage).
     :param clock: wall clock in seconds since the epoch (shared deadlines are absolute times).
     :param sleep: how :meth:`acquire` waits; both injectable for tests.
+    :param max_cooldown: the longest cooldown stored or honoured, in seconds (see the module's doc).
     """
 
     def __init__(
@@ -126,7 +154,9 @@ class SharedLimiter:
         *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
+        max_cooldown: float = DEFAULT_MAX_COOLDOWN,
     ) -> None:
+        self.max_cooldown = check_seconds(type(self), "max_cooldown", max_cooldown)
         self.rate_limit = rate_limit
         self.key = rate_limit.key
         self.storage = storage
@@ -211,16 +241,29 @@ class SharedLimiter:
     def cooldown(self, seconds: float) -> float:
         """After a 429: no call starts on this key, in any process, for ``seconds``; the shared deadline.
 
-        Deadlines only move later: a shorter cooldown never shortens one already set.
+        Deadlines only move later: a shorter cooldown never shortens one already set. At most
+        ``max_cooldown`` seconds: a longer wait is stored as that ceiling.
         """
         seconds = check_seconds(type(self), "cooldown(seconds)", seconds)
-        deadline = self._cooldowns.block_until(self.key, self._clock() + seconds)
+        if seconds > self.max_cooldown:
+            logger.warning(
+                "Rate limit %r: a cooldown of %.1f s asked for is capped at max_cooldown=%.1f s",
+                self.key,
+                seconds,
+                self.max_cooldown,
+            )
+            seconds = self.max_cooldown
+        now = self._clock()
+        deadline = self._cooldowns.block_until(self.key, now + seconds, now + self.max_cooldown)
         logger.info("Rate limit %r cooled down for %.1f s (until %.3f)", self.key, seconds, deadline)
         return deadline
 
     def blocked_until(self) -> float:
-        """The key's shared cooldown deadline (seconds since the epoch; 0.0 when none was set)."""
-        return self._cooldowns.blocked_until(self.key)
+        """The key's shared cooldown deadline (seconds since the epoch; 0.0 when none was set).
+
+        A stored deadline more than ``max_cooldown`` ahead (an older version's) reads as none.
+        """
+        return self._cooldowns.blocked_until(self.key, self._clock() + self.max_cooldown)
 
     @property
     def owed_tokens(self) -> int:
@@ -256,7 +299,7 @@ class SharedLimiter:
         """Take a start if the cooldown, the owed tokens and the request window allow it (then 0.0);
         otherwise the seconds to wait before trying again."""
         now = self._clock()
-        until = self._cooldowns.blocked_until(self.key)
+        until = self._cooldowns.blocked_until(self.key, now + self.max_cooldown)
         if until > now:
             return until - now
         if self._tokens is not None and (wait := self._pay_tokens()) > 0:
@@ -324,6 +367,7 @@ def open_limiter(
     storage_uri: str | None = None,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], object] = time.sleep,
+    max_cooldown: float | None = None,
 ) -> SharedLimiter:
     """The limiter of ``rate_limit`` on the shared storage.
 
@@ -335,17 +379,21 @@ def open_limiter(
     :param clock: wall clock, injectable for tests (the embedded storage uses it too; Redis keeps its
         own entries by the host's clock).
     :param sleep: how :meth:`SharedLimiter.acquire` waits.
+    :param max_cooldown: the longest cooldown stored or honoured (``run_items`` passes its retry
+        policy's ``max_backoff``); None: :data:`DEFAULT_MAX_COOLDOWN`.
     :raises ConfigurationError: neither ``root`` nor ``storage_uri``, or an unsupported URI scheme.
     """
     if not isinstance(rate_limit, RateLimit):
         raise bad_argument("open_limiter", "rate_limit", rate_limit, "is not a RateLimit", "give RateLimit(...)")
+    if max_cooldown is None:
+        max_cooldown = DEFAULT_MAX_COOLDOWN
     if storage_uri is None:
         if not root:
             raise bad_argument(
                 "open_limiter", "root", root, "is empty and no storage_uri is given", "give the datagen root"
             )
         storage = SQLiteStorage(default_storage_path(root), clock=clock)
-        return SharedLimiter(rate_limit, storage, storage, clock=clock, sleep=sleep)
+        return SharedLimiter(rate_limit, storage, storage, clock=clock, sleep=sleep, max_cooldown=max_cooldown)
     scheme = check_storage_uri("open_limiter", "storage_uri", storage_uri)
     if scheme == "memory":
         global _MEMORY
@@ -353,10 +401,12 @@ def open_limiter(
             if _MEMORY is None:
                 _MEMORY = (MemoryStorage(), _MemoryCooldowns())
             memory, cooldowns = _MEMORY
-        return SharedLimiter(rate_limit, memory, cooldowns, clock=clock, sleep=sleep)
+        return SharedLimiter(rate_limit, memory, cooldowns, clock=clock, sleep=sleep, max_cooldown=max_cooldown)
     # A sync scheme (checked above) always gives a sync storage.
     redis_storage = cast("Storage", storage_from_string(storage_uri))
-    return SharedLimiter(rate_limit, redis_storage, _RedisCooldowns(redis_storage), clock=clock, sleep=sleep)
+    return SharedLimiter(
+        rate_limit, redis_storage, _RedisCooldowns(redis_storage), clock=clock, sleep=sleep, max_cooldown=max_cooldown
+    )
 
 
 def check_storage_uri(owner: object, param: str, uri: Any) -> str:

@@ -14,16 +14,22 @@ a thousand units costs one insert. Rows older than their window are deleted as t
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import sqlite3
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from limits.storage import MovingWindowSupport, Storage
 
+from airflow_provider_datagen.exceptions import DatagenError
+
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+_F = TypeVar("_F", bound="Callable[..., Any]")
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS window_entries (key TEXT NOT NULL, ts REAL NOT NULL, expires REAL NOT NULL, "
@@ -54,6 +60,32 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+def _translated(method: _F) -> _F:
+    """``method`` with a damaged file's ``sqlite3.DatabaseError`` as a :class:`DatagenError` naming the file.
+
+    "file is not a database" or "database disk image is malformed" name no file; the file holds
+    nothing but rate-limit windows and cooldowns, so deleting it is the fix. A busy or locked file
+    (``OperationalError``) is another matter and keeps its own error.
+    """
+
+    @functools.wraps(method)
+    def call(self: SQLiteStorage, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.OperationalError:
+            raise
+        except sqlite3.DatabaseError as exc:
+            # the handle of a damaged file is useless: the next call, after the fix, opens a new one
+            self.close()
+            raise DatagenError(
+                f"the rate limit storage {self.path!r} is not a readable SQLite database ({exc}); "
+                "delete that file (it only holds rate-limit windows and cooldowns, which start afresh) "
+                "and run again"
+            ) from exc
+
+    return call  # type: ignore[return-value]
 
 
 class SQLiteStorage(Storage, MovingWindowSupport):
@@ -87,12 +119,16 @@ class SQLiteStorage(Storage, MovingWindowSupport):
             return self._conn
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
-        # WAL lets readers and the single writer proceed together; rate-limit rows need no fsync per write.
-        _enable_wal(conn)
-        conn.execute("PRAGMA synchronous=NORMAL")
-        with _transaction(conn):
-            for statement in _SCHEMA:
-                conn.execute(statement)
+        try:
+            # WAL lets readers and the single writer proceed together; rate-limit rows need no fsync per write.
+            _enable_wal(conn)
+            conn.execute("PRAGMA synchronous=NORMAL")
+            with _transaction(conn):
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+        except BaseException:
+            conn.close()  # a damaged file: no handle is kept
+            raise
         self._conn, self._pid = conn, os.getpid()
         return conn
 
@@ -105,6 +141,7 @@ class SQLiteStorage(Storage, MovingWindowSupport):
 
     # -- moving window ---------------------------------------------------------------------------------
 
+    @_translated
     def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
         """Record a start of weight ``amount`` unless the window's weight would then exceed ``limit``."""
         if amount > limit:
@@ -126,6 +163,7 @@ class SQLiteStorage(Storage, MovingWindowSupport):
                 )
                 return True
 
+    @_translated
     def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
         """(the oldest start still in the window, the window's weight); (now, 0) for an empty window."""
         with self._lock:
@@ -139,6 +177,7 @@ class SQLiteStorage(Storage, MovingWindowSupport):
 
     # -- counters (the fixed-window part of the Storage interface) -------------------------------------
 
+    @_translated
     def incr(self, key: str, expiry: int, amount: int = 1) -> int:
         with self._lock:
             conn = self._connect()
@@ -153,6 +192,7 @@ class SQLiteStorage(Storage, MovingWindowSupport):
                 (value,) = conn.execute("SELECT value FROM counters WHERE key = ?", (key,)).fetchone()
         return int(value)
 
+    @_translated
     def get(self, key: str) -> int:
         with self._lock:
             row = (
@@ -162,6 +202,7 @@ class SQLiteStorage(Storage, MovingWindowSupport):
             )
         return int(row[0]) if row else 0
 
+    @_translated
     def get_expiry(self, key: str) -> float:
         with self._lock:
             row = (
@@ -171,11 +212,13 @@ class SQLiteStorage(Storage, MovingWindowSupport):
             )
         return float(row[0]) if row else self.clock()
 
+    @_translated
     def check(self) -> bool:
         with self._lock:
             self._connect().execute("SELECT 1").fetchone()
         return True
 
+    @_translated
     def reset(self) -> int | None:
         with self._lock:
             conn = self._connect()
@@ -186,6 +229,7 @@ class SQLiteStorage(Storage, MovingWindowSupport):
                     conn.execute(f"DELETE FROM {table}")
         return len(keys)
 
+    @_translated
     def clear(self, key: str) -> None:
         with self._lock:
             conn = self._connect()
@@ -195,24 +239,31 @@ class SQLiteStorage(Storage, MovingWindowSupport):
 
     # -- the shared cooldown deadline ------------------------------------------------------------------
 
-    def block_until(self, key: str, until: float) -> float:
-        """Raise ``key``'s shared "blocked until" deadline to ``until`` (never lower it); the deadline."""
+    @_translated
+    def block_until(self, key: str, until: float, latest: float = math.inf) -> float:
+        """Raise ``key``'s shared "blocked until" deadline to ``until`` (never lower it); the deadline.
+
+        A stored deadline after ``latest`` (beyond the ceiling: an older version had none) is
+        replaced, not kept.
+        """
         with self._lock:
             conn = self._connect()
             with _transaction(conn):
                 conn.execute(
-                    "INSERT INTO cooldowns (key, until) VALUES (?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET until = MAX(until, excluded.until)",
-                    (key, until),
+                    "INSERT INTO cooldowns (key, until) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET until = "
+                    "CASE WHEN until > ? THEN excluded.until ELSE MAX(until, excluded.until) END",
+                    (key, until, latest),
                 )
                 (deadline,) = conn.execute("SELECT until FROM cooldowns WHERE key = ?", (key,)).fetchone()
         return float(deadline)
 
-    def blocked_until(self, key: str) -> float:
-        """``key``'s shared deadline (0.0 when no cooldown was ever set)."""
+    @_translated
+    def blocked_until(self, key: str, latest: float = math.inf) -> float:
+        """``key``'s shared deadline (0.0 when none was set, or it is after ``latest``: beyond the ceiling)."""
         with self._lock:
             row = self._connect().execute("SELECT until FROM cooldowns WHERE key = ?", (key,)).fetchone()
-        return float(row[0]) if row else 0.0
+        until = float(row[0]) if row and row[0] is not None else 0.0
+        return until if math.isfinite(until) and until <= latest else 0.0
 
 
 class _transaction:

@@ -195,7 +195,9 @@ def run_items(
     )
     limiter = None
     if rate_limit is not None:
-        limiter = open_limiter(rate_limit, root=str(log.root), storage_uri=rate_limit_storage)
+        # a cooldown never outlasts the longest wait the run's policy retries (issue 24: bounded cooldowns)
+        ceiling = None if retry is None else retry.max_backoff
+        limiter = open_limiter(rate_limit, root=str(log.root), storage_uri=rate_limit_storage, max_cooldown=ceiling)
         shared.before_attempt = limiter.acquire
         shared.before_attempt_async = limiter.acquire_async
         shared.on_throttled = limiter.cooldown
