@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Final
 
 import lance
@@ -88,20 +89,43 @@ def being_created(path: str) -> bool:
     return not later_commit_records(path)
 
 
-def is_latest(uri: str, ds: lance.LanceDataset) -> bool:
+def is_latest(uri: str, ds: lance.LanceDataset, token: tuple[Any, ...] | None = None) -> bool:
     """True when no version after ``ds`` exists: one stat instead of listing every manifest.
 
     ``checkout_latest`` lists the whole ``_versions`` directory on a local disk (0.4 ms per 1,000
     manifests, and maintenance keeps an hour of them), which dominated point reads after many small
     commits. Versions are consecutive and Lance's V2 manifest names are ``u64::MAX - version``, so
-    "no manifest for version + 1" proves ``ds`` is the latest. Object stores, or a log with the old
-    naming scheme, always refresh.
+    "no manifest for version + 1" proves ``ds`` is the latest. ``token`` (see :func:`version_token`),
+    when given, must match ``ds``'s manifest: a dataset deleted and written again up to the same
+    version has another one. Object stores, or a log with the old naming scheme, always refresh.
     """
     if not is_local(uri):
         return False
     path = local_path(uri)
     version = int(ds.version)
-    return os.path.exists(manifest_path(path, version)) and not os.path.exists(manifest_path(path, version + 1))
+    try:
+        st = os.stat(manifest_path(path, version))
+    except OSError:
+        return False
+    if token is not None and (st.st_ino, st.st_mtime_ns) != token:
+        return False
+    return not os.path.exists(manifest_path(path, version + 1))
+
+
+#: Schema metadata key of a log's identity, set once at creation: a log deleted and created again
+#: at the same URI has another one (version numbers alone cannot tell them apart).
+LOG_ID_KEY: Final = b"datagen_log_id"
+
+
+def with_log_id(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with a new log identity in its metadata (for the first commit of a log)."""
+    return schema.with_metadata({**(schema.metadata or {}), LOG_ID_KEY: uuid.uuid4().hex.encode()})
+
+
+def log_id(ds: lance.LanceDataset) -> str | None:
+    """The identity a log was created with; None for a log created before identities existed."""
+    raw = (ds.schema.metadata or {}).get(LOG_ID_KEY)
+    return None if raw is None else raw.decode("ascii", "replace")
 
 
 def version_token(uri: str, version: int, ds: lance.LanceDataset) -> tuple[Any, ...] | None:

@@ -14,6 +14,7 @@ ledger and snapshot methods are one-line delegations kept here so users have one
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,8 @@ _SCAN_READAHEAD = 2
 
 __all__ = ["CheckpointLog"]
 
+logger = logging.getLogger(__name__)
+
 
 def _sql_free_eq(column: str, value: str) -> pc.Expression:
     # pyarrow expressions never need SQL quoting, so ids with quotes or newlines are safe filters.
@@ -115,6 +118,13 @@ class CheckpointLog:
         self._usage_memo: ledger.UsageMemo | None = None
         self._appends_since_check = 0
         self.projection_uri = projection_uri(self.uri)
+        #: which dataset this object reads (see lance_io.log_id), once it has read one
+        self._identity: str | None = None
+        self._identity_known = False
+        #: the highest version of that dataset this object has seen: a lower one is a rollback
+        self._seen_version = 0
+        #: the identity of the manifest of ``self._ds``'s version (local logs; see lance_io.is_latest)
+        self._manifest_token: tuple[Any, ...] | None = None
 
     def __repr__(self) -> str:
         return f"CheckpointLog({self.uri!r})"
@@ -224,13 +234,82 @@ class CheckpointLog:
         self._wait_appends()  # read your own writes: a pipelined append lands first
         with self._lock:
             if self._ds is None:
-                self._ds = self._open_dataset()
-            elif not lance_io.is_latest(self.uri, self._ds):
-                try:
-                    self._ds.checkout_latest()
-                except (OSError, ValueError) as exc:
-                    raise self._translate(exc, "refreshing the log") from None
+                ds = self._open_dataset()
+            elif lance_io.is_latest(self.uri, self._ds, self._manifest_token):
+                return self._ds
+            else:
+                ds = self._refreshed(self._ds)
+            self._ds = None if ds is None else self._adopt(ds)
+            if ds is None and self._identity_known:
+                self._forget("its dataset is gone")
             return self._ds
+
+    def _refreshed(self, ds: lance.LanceDataset) -> lance.LanceDataset | None:
+        """The latest version at this URI: of ``ds``'s dataset, or of one written there since (or None)."""
+        try:
+            ds.checkout_latest()
+            return ds
+        except (OSError, ValueError):
+            # The experiment may have been deleted (and created again): what is at the URI now is
+            # read afresh (its own errors are translated there), and _adopt tells which it is.
+            return self._open_dataset()
+
+    def _adopt(self, ds: lance.LanceDataset) -> lance.LanceDataset:
+        """Read ``ds`` from now on: another dataset at the URI resets every cache; an older version is damage."""
+        identity = lance_io.log_id(ds)
+        version = int(ds.version)
+        if self._identity_known and identity != self._identity:
+            self._forget("another dataset is at its URI (deleted and created again)")
+            self._check_schema(ds)
+        elif version < self._seen_version:
+            raise LogCorruptedError(
+                f"{self.uri} went back from version {self._seen_version} (read before) to version {version}: "
+                f"the manifest of version {self._seen_version} (and any after it) is missing, so acknowledged "
+                "work would be redone. Nothing was changed. Restore the missing _versions manifests from a "
+                "backup; if the log was restored on purpose, open it with a new CheckpointLog (a new process)."
+            )
+        self._identity, self._identity_known = identity, True
+        self._note_version(ds)
+        return ds
+
+    def _note_version(self, ds: lance.LanceDataset) -> None:
+        """Remember ``ds``'s version as seen (an O(1) int and, locally, one stat of its manifest)."""
+        version = int(ds.version)
+        self._seen_version = max(self._seen_version, version)
+        self._manifest_token = lance_io.version_token(self.uri, version, ds) if is_local(self.uri) else None
+
+    def _forget(self, why: str) -> None:
+        """Drop everything remembered of the dataset this object read."""
+        logger.info("log %s: %s; reading it afresh", self.uri, why)
+        self._identity, self._identity_known = None, False
+        self._seen_version = 0
+        self._manifest_token = None
+        self._max_fragment_id = -1
+        self._memo = None
+        self._usage_memo = None
+
+    def check_recorded_version(self, what: str, uri: str, log_id: str | None, version: int) -> None:
+        """Refuse a record (a projection, a cache) of this very log at a version the log no longer has.
+
+        A version committed since this object's last read is not a rollback: the log is read again
+        before refusing. Records of another dataset, or without an identity, are the caller's to ignore.
+        """
+        if log_id is None or not self._identity_known or log_id != self._identity or version <= self._seen_version:
+            return
+        current = self.version
+        if version <= current:
+            return
+        raise LogCorruptedError(
+            f"{self.uri} is at version {current} but {what} {uri} records version {version} of this same log: "
+            f"the manifest of version {version} (and any after it) is missing, so acknowledged work would be "
+            f"redone. Nothing was changed. Restore the missing _versions manifests from a backup; if the log "
+            f"was restored on purpose, delete {uri} (it is disposable and rebuilt by maintain())."
+        )
+
+    @property
+    def log_id(self) -> str | None:
+        """The identity of the dataset this log read last (None before any, or for a log older than identities)."""
+        return self._identity
 
     def exists(self) -> bool:
         return self._dataset() is not None
@@ -325,6 +404,7 @@ class CheckpointLog:
                 self._create(table)
             else:
                 self._ds = lance_io.append_table(table, ds, EVENT_SCHEMA, self.storage_options)
+                self._note_version(self._ds)
             self._make_durable()
         except DatagenError:
             raise
@@ -343,7 +423,10 @@ class CheckpointLog:
 
     def _create(self, table: pa.Table) -> None:
         """Create the dataset with ``table`` as its first commit (see :func:`lance_io.create_dataset`)."""
-        self._ds = lance_io.create_dataset(table, self.uri, EVENT_SCHEMA, self.storage_options, self._open_dataset)
+        ds = lance_io.create_dataset(
+            table, self.uri, lance_io.with_log_id(EVENT_SCHEMA), self.storage_options, self._open_dataset
+        )
+        self._ds = self._adopt(ds)
 
     # --- writers --------------------------------------------------------------------------------
 

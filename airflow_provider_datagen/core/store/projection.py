@@ -270,7 +270,13 @@ def open_projection(log: CheckpointLog) -> StoredProjection | None:
         or pds.schema.remove_metadata() != STATE_SCHEMA
     ):
         return None
-    return StoredProjection(pds, int(meta.get(b"log_version", b"-1")))
+    stored = StoredProjection(pds, int(meta.get(b"log_version", b"-1")))
+    recorded_id = meta.get(b"log_id")
+    if recorded_id is not None:  # a projection ahead of its own log: the log went back (raises)
+        log.check_recorded_version(
+            "the state projection", uri, recorded_id.decode("ascii", "replace"), stored.log_version
+        )
+    return stored
 
 
 def read_projection(log: CheckpointLog, log_version: int, columns: Sequence[str] | None = None) -> Folded | None:
@@ -312,6 +318,8 @@ def store_projection(
     its version to the cleanup just folds the log (the projection is disposable).
     """
     meta = {"log_version": str(version), "datagen_schema_version": str(DATAGEN_SCHEMA_VERSION)}
+    if log.log_id is not None:  # whose fold this is: a log gone back behind it is told from a new one
+        meta["log_id"] = log.log_id
     counted: list[Tally] = []
     if isinstance(table, pa.RecordBatchReader):
         # a stream (a partitioned plan's fold) is tallied batch by batch as it is written (its batches
