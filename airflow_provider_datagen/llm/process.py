@@ -6,9 +6,11 @@ Ollama server. Building it is deferred to the first call, on the worker: a DAG f
 parses without pydantic-ai installed and without looking the connection up. It is built once per event
 loop (the HTTP client's connections belong to the loop that opened them) and shared by every item.
 
-The client's own retries are off (``max_retries=0``): one call of the process is one request, so the
-run's ``retry=`` policy owns retries (attempts, waits, Retry-After, the failure lens) and the run's
-``rate_limit=`` sees every request. pydantic-ai raises typed errors that carry the provider's
+The client's own retries are off (``max_retries=0``), so the run's ``retry=`` policy owns retries
+(attempts, waits, Retry-After, the failure lens). One call may still send several requests (an answer
+that fails validation goes back to the model; tool calls): the process takes a slot of the run's
+``rate_limit=`` for each request as it sends it (``takes_request_slots``; see
+:mod:`~airflow_provider_datagen.llm.slots`). pydantic-ai raises typed errors that carry the provider's
 Retry-After (:data:`~airflow_provider_datagen.llm.errors.RETRYABLE_ERRORS`).
 """
 
@@ -25,7 +27,6 @@ from typing import TYPE_CHECKING, Any, cast
 from airflow_provider_datagen.exceptions import ConfigurationError, bad_argument
 from airflow_provider_datagen.llm.output import OutputSpec
 from airflow_provider_datagen.llm.prompt import PromptTemplate
-from airflow_provider_datagen.llm.usage import record_usage
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core.steps import Step
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 #: An LLM process: ``await process(item, ctx)`` returns the item's new fields.
 LLMProcess = Callable[[Mapping[str, Any], Any], Awaitable[dict[str, Any]]]
 
+#: PydanticAIHook.default_conn_name, without importing the provider at parse time
+_DEFAULT_CONN_ID = "pydanticai_default"
 _INSTALL = "install the model-step extra: pip install 'airflow-provider-datagen[llm]'"
 
 
@@ -52,18 +55,21 @@ def llm_process(
     """An ``async def process(item, ctx)`` that asks a model and returns its answer as the item's fields.
 
     Use it as ``process=`` of ``DatagenMapOperator`` or ``run_items``, or as a step
-    (:func:`llm_step`). Each call renders the prompt from the item, makes one model request (no
-    retry of its own: give the run ``retry=`` with
-    :data:`~airflow_provider_datagen.llm.errors.RETRYABLE_ERRORS`), records the reply's tokens with
-    ``ctx.record_usage`` (also when the run then fails, e.g. on an answer that does not validate) and
-    returns the fields.
+    (:func:`llm_step`). Each call renders the prompt from the item, asks the model (no retry of its
+    own: give the run ``retry=`` with :data:`~airflow_provider_datagen.llm.errors.RETRYABLE_ERRORS`)
+    and returns the fields. Each HTTP request it sends (validation retries and tool calls included)
+    first takes a slot of the run's ``rate_limit=`` (``ctx.take_request_slot_async``: counted as the
+    attempt's ``"requests"``, failed ones included), and each reply's tokens are recorded with
+    ``ctx.record_usage`` as it arrives (so ``tokens_per_minute`` is charged per request, and a run that
+    then fails, e.g. on an answer that does not validate, still pays for them).
 
     :param prompt: a Jinja2 template rendered per item (``StrictUndefined``): the names are the item's
         input fields and the fields earlier steps set, e.g. ``"Translate into French: {{ text }}"``. A
         name the item lacks fails that item with ``PromptTemplateError`` naming the field.
     :param llm_conn_id: a ``pydanticai`` connection (or ``pydanticai_azure`` / ``_bedrock`` /
         ``_vertex``): host = base URL, password = API key, extra ``{"model": "openai:gpt-5-mini"}``.
-        ``None``: the hook's default, ``pydanticai_default``.
+        ``None``: the hook's default, ``pydanticai_default``. A connection id that does not exist fails
+        each item with ``ConfigurationError`` naming it and the ``airflow connections add`` that makes it.
     :param model_id: the model, overriding the connection's: ``"openai:gpt-5-mini"``,
         ``"anthropic:claude-sonnet-4-5"``, ``"ollama:llama3.2"``, ``"vllm:Qwen/Qwen2.5-7B-Instruct"``,
         ``"openai-chat:<name>"`` for any other OpenAI-compatible server.
@@ -82,7 +88,10 @@ def llm_process(
     :param model: a pydantic-ai ``Model`` or model name used instead of the connection (tests with
         ``TestModel``/``FunctionModel``, or code outside Airflow); ``llm_conn_id`` is then not read.
     :returns: the process; its ``version`` attribute is a digest of the prompt, instructions, output type,
-        model and settings, to pass as ``processor_version`` so that changing any of them reruns the items.
+        connection id, model and settings, to pass as ``processor_version`` so that changing any of them
+        reruns the items. What a connection holds is not in it (the DAG file does not read the
+        connection): editing the model inside a connection keeps the version, so name the model with
+        ``model_id=`` or bump ``processor_version`` when you change it.
     """
     owner = "llm_process"
     template = PromptTemplate(prompt, owner)
@@ -107,6 +116,8 @@ def llm_process(
 
     def build() -> Any:
         try:
+            from airflow_provider_datagen.llm.slots import with_slots
+
             agent_output = output.agent_output_type()
             if model is not None:
                 from pydantic_ai import Agent
@@ -119,15 +130,10 @@ def llm_process(
                     **extra,
                 )
             else:
-                from airflow.providers.common.ai.hooks.pydantic_ai import PydanticAIHook
-
-                conn_id = llm_conn_id if llm_conn_id is not None else PydanticAIHook.default_conn_name
-                hook = PydanticAIHook.get_hook(conn_id, hook_params={"model_id": model_id} if model_id else None)
-                agent = hook.create_agent(
-                    agent_output, instructions=instructions or "", model_settings=settings, **extra
-                )
+                agent = _hook_agent(llm_conn_id, model_id, agent_output, instructions, settings, extra)
         except ImportError as exc:
             raise ConfigurationError(f"llm_process: a model step needs pydantic-ai ({exc}); {_INSTALL}") from exc
+        agent.model = with_slots(agent.model)
         if output.schema is not None:
             agent.output_validator(output.check_answer)
         return agent
@@ -137,17 +143,14 @@ def llm_process(
     async def process(item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         text = template.render(item, ctx.fields, ctx.item_id)
         agent = await agents.get()
-        from pydantic_ai import capture_run_messages  # loaded by agents.get() already
+        from airflow_provider_datagen.llm.slots import item_context  # loaded by agents.get() already
 
-        with capture_run_messages() as messages:
-            try:
-                result = await agent.run(text)
-            finally:
-                # the tokens of every reply are paid for, whether or not the run then succeeded
-                record_usage(ctx, messages)
+        # the agent's model takes a slot per request and records each reply's tokens (llm/slots.py)
+        with item_context(ctx):
+            result = await agent.run(text)
         return output.fields_of(result.output)
 
-    description = {
+    description: dict[str, Any] = {
         "prompt": template.source,
         "instructions": instructions,
         "output": output.describe(),
@@ -156,9 +159,40 @@ def llm_process(
         "model_settings": settings,
         "agent_kwargs": extra,
     }
+    if model is None and llm_conn_id not in (None, _DEFAULT_CONN_ID):
+        # only when named: the versions of steps on the default connection (or on model=) stay as they were
+        description["llm_conn_id"] = llm_conn_id
     digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=_stable_name).encode()).hexdigest()
     process.version = f"llm-{digest[:12]}"  # type: ignore[attr-defined]
+    process.takes_request_slots = True  # type: ignore[attr-defined]  # a slot per request, not per call
     return process
+
+
+def _hook_agent(
+    llm_conn_id: str | None,
+    model_id: str | None,
+    agent_output: Any,
+    instructions: str | None,
+    settings: dict[str, Any],
+    extra: dict[str, Any],
+) -> Any:
+    """The agent of the common.ai provider's hook on ``llm_conn_id``; a missing connection is a
+    ``ConfigurationError`` saying how to add it (every item would fail the same way: not retryable)."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.providers.common.ai.hooks.pydantic_ai import PydanticAIHook
+
+    conn_id = llm_conn_id if llm_conn_id is not None else PydanticAIHook.default_conn_name
+    try:
+        hook = PydanticAIHook.get_hook(conn_id, hook_params={"model_id": model_id} if model_id else None)
+        return hook.create_agent(agent_output, instructions=instructions or "", model_settings=settings, **extra)
+    except AirflowNotFoundException as exc:
+        model = model_id or "openai:gpt-5-mini"
+        raise ConfigurationError(
+            f"llm_process: the connection {conn_id!r} (llm_conn_id) does not exist; add it, e.g. "
+            f"`airflow connections add {conn_id} --conn-type pydanticai --conn-host <base url> "
+            f'--conn-password <api key> --conn-extra \'{{"model": "{model}"}}\'`, '
+            "or pass the llm_conn_id of an existing one"
+        ) from exc
 
 
 def _stable_name(obj: Any) -> str:

@@ -9,7 +9,8 @@ if TYPE_CHECKING:
 
 
 class RecordingContext:
-    """What a model step reads from ``ctx`` (``item_id``, ``fields``) and the ``record_usage`` calls it made.
+    """What a model step reads from ``ctx`` (``item_id``, ``fields``), the ``record_usage`` calls it made and
+    the requests it counted (``take_request_slot``/``_async``; no rate limit to wait for).
 
     ``record_usage`` has the runner's signature, so a call the real context would refuse fails here too.
     """
@@ -18,6 +19,13 @@ class RecordingContext:
         self.item_id = item_id
         self.fields: Mapping[str, Any] = dict(fields or {})
         self.usage: list[dict[str, Any]] = []
+        self.requests = 0
+
+    def take_request_slot(self) -> None:
+        self.requests += 1
+
+    async def take_request_slot_async(self) -> None:
+        self.requests += 1
 
     def record_usage(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import subprocess
@@ -46,7 +47,7 @@ _PARSE = textwrap.dedent(
 )
 
 
-def test_the_llm_example_parses_without_the_llm_extra(tmp_path: Path) -> None:
+def test_the_llm_example_parses_without_the_llm_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**os.environ, "DATAGEN_LLM_CONN_ID": "my_llm"}
     done = subprocess.run(
         [sys.executable, "-c", _PARSE, str(LLM_DAG)], env=env, capture_output=True, text=True, timeout=300, check=False
@@ -70,8 +71,14 @@ def test_the_llm_example_parses_without_the_llm_extra(tmp_path: Path) -> None:
     assert generate["processor_version"] == out["plan_version"] and out["plan_version"].startswith("llm-")
     from airflow_provider_datagen.example_dags import datagen_llm
 
-    # the worker parses the file again, in another process: the version must not change there
-    assert out["plan_version"] == datagen_llm.translate.version  # type: ignore[attr-defined]
+    # the worker parses the file again, in another process: the version must not change there (the
+    # version covers the connection id, so this parse reads the same DATAGEN_LLM_CONN_ID)
+    monkeypatch.setenv("DATAGEN_LLM_CONN_ID", "my_llm")
+    try:
+        assert out["plan_version"] == importlib.reload(datagen_llm).translate.version  # type: ignore[attr-defined]
+    finally:
+        monkeypatch.undo()
+        importlib.reload(datagen_llm)
 
 
 def test_the_examples_step_translates_through_any_openai_compatible_connection(monkeypatch: pytest.MonkeyPatch) -> None:

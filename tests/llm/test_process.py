@@ -115,8 +115,11 @@ def test_an_answer_that_never_validates_fails_and_still_records_every_reply(
     with pytest.raises(UnexpectedModelBehavior, match="Exceeded maximum output retries"):
         asyncio.run(process({"q": "?"}, ctx))
     assert len(replies.seen) == 3
-    # the three replies were paid for although the item failed
-    assert ctx.usage == [{"model": "acme:fake", "input_tokens": 180, "output_tokens": 15, "cost_usd": None, "calls": 3}]
+    # the three replies were paid for although the item failed, each as it arrived (a token window is
+    # charged per request), and each of the three requests took its own slot
+    one = {"model": "acme:fake", "output_tokens": 5, "cost_usd": None, "calls": 1}
+    assert ctx.usage == [{**one, "input_tokens": n} for n in (40, 60, 80)]
+    assert ctx.requests == 3
 
 
 def test_text_and_other_answers_go_to_output_field(make_ctx: Callable[..., RecordingContext]) -> None:
@@ -210,7 +213,6 @@ def test_version_follows_what_changes_the_answers() -> None:
         return llm_process(prompt, **kwargs).version  # type: ignore[attr-defined,no-any-return]
 
     base = v(model_id="openai:gpt-5-mini")
-    assert base == v(model_id="openai:gpt-5-mini", llm_conn_id="another_name_for_the_same_api")
     assert base.startswith("llm-") and len(base) == 16
     others = {
         v("Say {{ w }}!", model_id="openai:gpt-5-mini"),
@@ -221,6 +223,32 @@ def test_version_follows_what_changes_the_answers() -> None:
         v(model_id="openai:gpt-5-mini", output_field="said"),
     }
     assert base not in others and len(others) == 6
+
+
+def test_version_covers_the_connection_id() -> None:
+    # two connections may hold two models or two servers: a step moved to another one reruns its items
+    a = llm_process("Say {{ w }}", llm_conn_id="a")
+    b = llm_process("Say {{ w }}", llm_conn_id="b")
+    assert a.version != b.version  # type: ignore[attr-defined]
+    assert (
+        llm_step("s", "Say {{ w }}", llm_conn_id="a").fn.version
+        != llm_step(  # type: ignore[attr-defined]
+            "s", "Say {{ w }}", llm_conn_id="b"
+        ).fn.version
+    )
+    # the hook's default connection named or not is one connection; model= reads no connection at all
+    default = llm_process("Say {{ w }}").version  # type: ignore[attr-defined]
+    assert llm_process("Say {{ w }}", llm_conn_id="pydanticai_default").version == default  # type: ignore[attr-defined]
+    assert default not in {a.version, b.version}  # type: ignore[attr-defined]
+    assert (
+        llm_process("Say {{ w }}", llm_conn_id="a", model="test").version  # type: ignore[attr-defined]
+        == llm_process("Say {{ w }}", llm_conn_id="b", model="test").version  # type: ignore[attr-defined]
+    )
+
+
+def test_the_process_takes_its_own_request_slots() -> None:
+    # the runner takes no slot per attempt: the process takes one per model request (llm/slots.py)
+    assert llm_process("Say {{ w }}", model="test").takes_request_slots is True  # type: ignore[attr-defined]
 
 
 def test_version_is_the_same_in_every_process_that_builds_the_step() -> None:
