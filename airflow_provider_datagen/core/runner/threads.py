@@ -218,7 +218,7 @@ class Queued(NamedTuple):
     """A root item queued for :class:`RootWorkers`."""
 
     #: its place in submission order
-    index: int
+    order: int
     #: the item to drive, or None for a fresh item on the short path
     item: WorkItem | None
     src: SourceItem
