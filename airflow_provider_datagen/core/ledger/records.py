@@ -8,6 +8,13 @@ per model (see docs/adr/0011-usage-ledger.md)::
      "cost_usd": 0.001366, "unpriced_calls": 0}
 
 ``cost_usd`` sums the priced calls (None when none was priced); ``unpriced_calls`` counts the others.
+An attempt whose process counted its model requests (``ctx.take_request_slot``, one per HTTP
+request, failed ones included) also stores ``"requests": k``, also when it recorded no usage (its
+FAILED row then stores ``{"attempt": n, "transient": ..., "requests": k}``); without the key the
+ledger counts the entries' ``calls`` as requests (older logs, processes that take no slot per request).
+
+Values are bounded per call (:data:`MAX_TOKENS`, :data:`MAX_COST_USD`): a larger one is a
+:class:`~airflow_provider_datagen.exceptions.UsageValueError` and the item fails with it.
 """
 
 from __future__ import annotations

@@ -55,6 +55,8 @@ def test_a_slot_per_request_and_no_slot_before_the_attempt(tmp_path: Path) -> No
     assert log.usage()["requests"] == 6
     assert log.usage()["calls"] == 6
     assert [a["requests"] for a in log.item_usage("a")["attempts"]] == [3]
+    log.maintain()  # the usage projection stores the requests too
+    assert open_log(tmp_path, "e").usage() == log.usage()
 
 
 def test_failed_requests_count_with_their_attempt(tmp_path: Path) -> None:
