@@ -63,6 +63,8 @@ class PlannedChunks:
     chunks: list[dict[str, Any]]
     chunk_size: int
     status: dict[str, Any]
+    #: the log's root items the source does not hold (None: not listed, a partitioned plan's)
+    removed_ids: tuple[str, ...] | None = None
 
 
 def _short(key: str) -> str:
@@ -110,7 +112,17 @@ def plan_chunks(
     for index, start in enumerate(range(0, len(pending), size)):
         ids = pending[start : start + size]
         chunks.append(_descriptor(log, processor_version, redo_completed, ref, True, key_field, ids, index, plan))
-    return PlannedChunks(plan, chunks, size, status)
+    removed = _not_in(states["item_id"], pa.array([i.item_id for i in items], pa.string()))
+    return PlannedChunks(plan, chunks, size, status, removed)
+
+
+def _not_in(log_ids: pa.Array | pa.ChunkedArray, source_ids: pa.Array | pa.ChunkedArray) -> tuple[str, ...]:
+    """The root ids among ``log_ids`` that ``source_ids`` does not hold, sorted: the source's removed items."""
+    if not len(log_ids):
+        return ()
+    roots = pc.filter(log_ids, pc.equal(pc.count_substring(log_ids, "/"), 0))
+    gone = pc.filter(roots, pc.invert(pc.is_in(roots, value_set=source_ids)))
+    return tuple(sorted(gone.to_pylist()))
 
 
 def _size(pending: int, chunk_size: int, max_chunks: int) -> int:
@@ -173,8 +185,14 @@ def _plan_path_chunks(
         planned = partitioned_plan.plan_partitioned(
             log, ref, key_field, itertools.chain(head, batches), processor_version, redo_completed, source_rows=rows
         )
+        removed = None  # not listed: the log's ids against 10M source ids would be the plan's memory again
     else:
-        planned = _plan_in_memory(log, gather(ref, key_field, head), processor_version, redo_completed)
+        scanned = gather(ref, key_field, head)
+        planned = _plan_in_memory(log, scanned, processor_version, redo_completed)
+        # one column of the log, not its fold: what the log holds that the source no longer does
+        held = pc.unique(log.scan(["item_id"])["item_id"]) if log.exists() else pa.array([], pa.string())
+        removed = _not_in(held, scanned.ids)
+        del scanned
     del head
     pending_pos, offsets, plan = planned.pending_pos, planned.pending_offsets, planned.plan
     size = _size(len(pending_pos), chunk_size, max_chunks)
@@ -188,7 +206,7 @@ def _plan_path_chunks(
             pending_pos[start : start + size], None if offsets is None else offsets[start : start + size]
         )
         chunks.append(chunk)
-    return PlannedChunks(plan, chunks, size, planned.status)
+    return PlannedChunks(plan, chunks, size, planned.status, removed)
 
 
 def _plan_in_memory(

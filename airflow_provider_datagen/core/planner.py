@@ -360,8 +360,11 @@ def status_of(
     Without a source or ``states`` it is :meth:`CheckpointLog.summary`, counted from the state
     projection and the items changed since when the log has one, not from a fold of the whole log.
     """
+    # Deferred: the store's tally imports the planner's neighbours (a cycle at import time).
+    from airflow_provider_datagen.core.store.tally import finish
+
     if items is None:
-        return log.summary(states)
+        return log.summary() if states is None else finish(log, log.summary(states), whole_log=False)
     if states is None:
         states = log.states()
     summary = log.summary(states)
@@ -392,5 +395,9 @@ def status_of(
         never_started=never,
         invalidated=len(plan.invalidated),
         pending=len(plan.pending),
+        # the log's root items this source does not hold: counted apart, never pending
+        removed=int(summary["total"]) - int(pc.sum(pc.equal(pc.count_substring(sub["item_id"], "/"), 0)).as_py() or 0)
+        if len(sub)
+        else int(summary["total"]),
     )
-    return summary
+    return finish(log, summary, whole_log=False)

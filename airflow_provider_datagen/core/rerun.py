@@ -13,6 +13,7 @@ Parquet, a streamed scan that stops at the match for JSONL).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import re
@@ -165,6 +166,8 @@ def record_plan_source(
         conn_id=conn_id,
         storage_option_names=storage_option_names,
     )
+    if planned.removed_ids is not None:  # what counts and exports leave out (see store/source_ref.py)
+        ref = dataclasses.replace(ref, removed_ids=planned.removed_ids)
     record_source(log, ref)
     return ref
 

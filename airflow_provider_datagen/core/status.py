@@ -37,6 +37,8 @@ STATUS_KEYS = (
     "fencing_violations",
     "log_version",
     "usage",
+    "stopped_by_budget",
+    "removed",
 )
 
 #: How many failed item ids a status dict samples (the count is always exact).
@@ -202,6 +204,9 @@ def summary_of(
         "fencing_violations": t.violations,
         "log_version": log_version,
         "usage": dict(usage) if usage is not None else empty_usage(),
+        # set by CheckpointLog.summary() (core/store/tally.py: finish), which reads the budget and the source
+        "stopped_by_budget": False,
+        "removed": 0,
     }
     return {key: values[key] for key in STATUS_KEYS}
 

@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_datagen._arguments import bad_argument, check_name_argument
 from airflow_provider_datagen.exceptions import (
@@ -20,6 +21,7 @@ from airflow_provider_datagen.operators.datagen import STATUS_XCOM_KEY
 from airflow_provider_datagen.triggers.datagen import (
     CONDITIONS,
     DatagenStatusTrigger,
+    budget_stop_message,
     check_condition,
     compute_status,
     failed_items_exceeded,
@@ -52,6 +54,11 @@ class DatagenStatusSensor(BaseSensorOperator):
         :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError`, e.g. to wait on an
         experiment another DAG has not started yet.
     :param deferrable: wait in the triggerer instead of occupying a worker slot.
+
+    When the experiment stopped at its budget (``status["stopped_by_budget"]``: the budget the plan
+    or map tasks recorded is reached and items are pending, which no task will run) and the
+    condition does not hold, the sensor is skipped at its next check, logging the budget, the spend
+    and the fix; downstream tasks follow their trigger rules (``all_success`` ones are skipped).
     :param datagen_conn_id: connection of type ``datagen``.
     """
 
@@ -157,7 +164,24 @@ class DatagenStatusSensor(BaseSensorOperator):
         done = self._holds(status)
         if done:
             context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=status)
+        elif status.get("stopped_by_budget"):
+            self._skip_at_budget(
+                context,
+                status,
+                budget_stop_message(
+                    pipeline=self.pipeline,
+                    experiment=self.experiment,
+                    datagen_conn_id=self.datagen_conn_id,
+                    pending=int(status["pending"]),
+                ),
+            )
         return PokeReturnValue(is_done=done, xcom_value=status)
+
+    def _skip_at_budget(self, context: Context, status: dict[str, Any], message: str) -> None:
+        """Push the status (it says ``stopped_by_budget``) and end this sensor skipped, logging why."""
+        self.log.warning("%s", message)
+        context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=status)
+        raise AirflowSkipException(message)
 
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
@@ -189,6 +213,8 @@ class DatagenStatusSensor(BaseSensorOperator):
             raise ExperimentNotFoundError(event.get("message", f"{self.pipeline}/{self.experiment} has no log"))
         status = event["status"]
         self._check_failures(status)
+        if event.get("outcome") == "stopped_by_budget":
+            self._skip_at_budget(context, status, str(event.get("message", "the experiment's budget is reached")))
         if event.get("outcome") != "done":
             raise DatagenError(f"datagen status trigger ended without its condition: {event.get('outcome')}")
         context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=status)

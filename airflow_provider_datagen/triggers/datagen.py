@@ -76,6 +76,20 @@ def compute_status(
     return status_of(event_log, items, key_field), exists
 
 
+def budget_stop_message(*, pipeline: str, experiment: str, datagen_conn_id: str, pending: int) -> str:
+    """What a sensor logs when its experiment stopped at its budget: the budget, the spend and the fix."""
+    # Deferred: see compute_status.
+    from airflow_provider_datagen.core.store.tally import budget_stop
+
+    event_log = DatagenHook(datagen_conn_id=datagen_conn_id).get_log(pipeline, experiment)
+    why = budget_stop(event_log, pending) or "its budget is reached"
+    return (
+        f"datagen {pipeline}/{experiment} stopped at its budget ({why}) with {pending} items pending, which no "
+        "task will run: the condition cannot hold, so this sensor is skipped. Raise budget_usd/budget_tokens "
+        "(on the plan and map tasks) and trigger the DAG again to continue where it stopped."
+    )
+
+
 def _source_items(source: Any, storage_options: dict[str, str] | None) -> Any:
     # Deferred: see compute_status.
     from airflow_provider_datagen.core import read_source
@@ -107,7 +121,8 @@ class DatagenStatusTrigger(BaseTrigger):
     Lance reads run in ``asyncio.to_thread`` so the triggerer's event loop never blocks. Yields one
     ``TriggerEvent`` ``{"status": ..., "outcome": "done" | "too_many_failures"}``, or
     ``{"status": None, "outcome": "not_found", "message": ...}`` when the experiment has no log and
-    ``allow_missing`` is False.
+    ``allow_missing`` is False, or ``{"status": ..., "outcome": "stopped_by_budget", "message": ...}``
+    when the experiment stopped at its budget with items pending (the sensor is then skipped).
 
     :param pipeline: pipeline name.
     :param experiment: experiment name.
@@ -210,6 +225,17 @@ class DatagenStatusTrigger(BaseTrigger):
                 return
             if CONDITIONS[self.condition](status):
                 yield TriggerEvent({"status": status, "outcome": "done"})
+                return
+            if status.get("stopped_by_budget"):
+                # no task will run the pending items: waiting would last until the sensor's timeout
+                message = await asyncio.to_thread(
+                    budget_stop_message,
+                    pipeline=self.pipeline,
+                    experiment=self.experiment,
+                    datagen_conn_id=self.datagen_conn_id,
+                    pending=int(status["pending"]),
+                )
+                yield TriggerEvent({"status": status, "outcome": "stopped_by_budget", "message": message})
                 return
             self.log.info(
                 "datagen %s/%s: %s pending, %s failed items; waiting for %s",

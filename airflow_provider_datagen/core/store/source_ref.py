@@ -50,6 +50,7 @@ _SCHEMA = pa.schema(
         ("redo_completed", pa.string()),
         ("items", pa.int64()),
         ("recorded_at", pa.timestamp("us", tz="UTC")),
+        ("removed_ids", pa.list_(pa.string())),
     ]
 )
 
@@ -70,6 +71,9 @@ class SourceRef:
     redo_completed: str
     items: int  # source items the plan saw
     recorded_at: dt.datetime
+    #: the log's root items the source no longer holds, as the plan saw them (None: not listed, an
+    #: older record): counts and exports leave them out (see ``core/store/tally.py``, ``core/export.py``)
+    removed_ids: tuple[str, ...] | None = None
 
     @property
     def token(self) -> tuple[Any, ...]:
@@ -79,6 +83,7 @@ class SourceRef:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["storage_option_names"] = list(self.storage_option_names)
+        del out["removed_ids"]  # may be long: the UI shows the status's "removed" count instead
         out["recorded_at"] = self.recorded_at.isoformat()
         return out
 
@@ -98,6 +103,7 @@ def record_source(log: CheckpointLog, ref: SourceRef) -> None:
     """Record ``ref`` as the experiment's source (overwriting the previous record)."""
     row = ref.as_dict()
     row["recorded_at"] = ref.recorded_at
+    row["removed_ids"] = None if ref.removed_ids is None else list(ref.removed_ids)
     table = pa.Table.from_pylist([row], schema=_SCHEMA)
     uri = source_ref_uri(log.uri)
     # two plans of one experiment at once: the later write wins; a lost race is retried
@@ -130,6 +136,7 @@ def recorded_source(log_uri: str, storage_options: dict[str, str] | None = None)
         redo_completed=row["redo_completed"],
         items=int(row["items"]),
         recorded_at=row["recorded_at"],
+        removed_ids=None if row.get("removed_ids") is None else tuple(row["removed_ids"]),
     )
 
 

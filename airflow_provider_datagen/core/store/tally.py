@@ -19,8 +19,9 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
 from airflow_provider_datagen.core.schema import LIGHT_COLUMNS, ItemStatus
-from airflow_provider_datagen.core.status import Tally, summary_of, tally
+from airflow_provider_datagen.core.status import Tally, summarize, summary_of, tally
 from airflow_provider_datagen.core.store import lance_io, projection
+from airflow_provider_datagen.core.store.source_ref import SourceRef, recorded_source
 
 if TYPE_CHECKING:
     import lance
@@ -32,14 +33,74 @@ _COLUMNS = ["item_id", "status", "processor_version", "failures", "violations"]
 
 
 def summary(log: CheckpointLog) -> dict[str, Any] | None:
-    """:meth:`CheckpointLog.summary` from :func:`current_tally`; None when it has to fold the log."""
+    """:meth:`CheckpointLog.summary` from :func:`current_tally`, or from a fold of the log when it cannot be.
+
+    Either way counted over the recorded source and with ``stopped_by_budget`` (see :func:`finish`).
+    """
     ds = log._dataset()
     counted = None if ds is None else current_tally(log, ds)
     if ds is None or counted is None:
+        status = summarize(
+            log.states(), pipeline=log.pipeline, experiment=log.experiment, log_version=log.version, usage=log.usage()
+        )
+    else:
+        status = summary_of(
+            counted, pipeline=log.pipeline, experiment=log.experiment, log_version=int(ds.version), usage=log.usage()
+        )
+    return finish(log, status, whole_log=True)
+
+
+def finish(log: CheckpointLog, status: dict[str, Any], *, whole_log: bool) -> dict[str, Any]:
+    """``status`` (a tally of the log's items) counted over the recorded source, with ``stopped_by_budget``.
+
+    ``whole_log``: the status counts every item of the log (not a subset of its states), so the
+    source view applies: see :func:`over_source`. An experiment with no recorded source, or one
+    recorded before the plan listed the items it left out, keeps the log's counts.
+    """
+    if whole_log:
+        ref = recorded_source(log.uri, log.storage_options)
+        if ref is not None and ref.removed_ids is not None:
+            over_source(log, status, ref)
+    status["stopped_by_budget"] = budget_stop(log, int(status["pending"])) is not None
+    return status
+
+
+def budget_stop(log: CheckpointLog, pending: int) -> str | None:
+    """Why the experiment stopped at its budget (spend and budget) with ``pending`` items left, or None."""
+    # Deferred: the ledger's modules import the store's.
+    from airflow_provider_datagen.core.ledger.budget import Budget
+
+    recorded = log.budget()
+    budget = Budget(recorded.get("budget_usd"), recorded.get("budget_tokens"))
+    if pending <= 0 or not budget.is_set:
         return None
-    return summary_of(
-        counted, pipeline=log.pipeline, experiment=log.experiment, log_version=int(ds.version), usage=log.usage()
-    )
+    return budget.reached(*log.usage_spend())
+
+
+def over_source(log: CheckpointLog, status: dict[str, Any], ref: SourceRef) -> None:
+    """Count ``status`` over ``ref``'s items: the log's items it left out are ``removed``, apart.
+
+    ``total`` is the source's items; those the log never saw are ``never_started`` (a budget stop
+    leaves items no task pulled). The plan lists the log's root items not in the source
+    (``ref.removed_ids``), so this reads their states only, never the source.
+    """
+    gone = tally(log.states_of(list(ref.removed_ids or ())), keep=None)
+    counts = {s.value: int(gone.statuses.get(s.value, 0)) for s in ItemStatus}
+    in_source = int(status["total"]) - gone.roots
+    status["completed"] -= counts[ItemStatus.COMPLETED.value]
+    by_version = dict(status["completed_by_version"])
+    for version, n in gone.completed_by_version.items():
+        by_version[version] = by_version.get(version, 0) - n
+    status["completed_by_version"] = {v: n for v, n in by_version.items() if n > 0}
+    status["filtered"] -= counts[ItemStatus.FILTERED.value]
+    status["running"] -= counts[ItemStatus.RUNNING.value]
+    status["never_started"] += max(0, ref.items - in_source) - counts[ItemStatus.NEVER_STARTED.value]
+    status["failed_items"] -= gone.failed
+    left_out = set(gone.failed_ids)
+    status["failed_item_ids"] = [i for i in status["failed_item_ids"] if i not in left_out]
+    status["pending"] = status["running"] + status["never_started"]
+    status["total"] = status["completed"] + status["filtered"] + status["pending"]
+    status["removed"] = gone.roots
 
 
 def current_tally(log: CheckpointLog, ds: lance.LanceDataset) -> Tally | None:
