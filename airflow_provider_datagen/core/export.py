@@ -27,12 +27,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.events import BlobRef, canonical_json, canonical_source_json
 from airflow_provider_datagen.core.ids import key_of
-from airflow_provider_datagen.core.sources import load_source
+from airflow_provider_datagen.core.source_scan import scan_batches
+from airflow_provider_datagen.core.sources import load_source, source_path
 from airflow_provider_datagen.core.store.lance_io import export_metadata, write_results_dataset
 from airflow_provider_datagen.core.store.paths import list_experiments
+from airflow_provider_datagen.core.store.source_ref import PATH, recorded_source
 from airflow_provider_datagen.exceptions import (
     DatagenError,
     ExperimentNotFoundError,
@@ -318,6 +321,40 @@ def _stored_marker(destination_uri: str, storage_options: dict[str, str] | None)
     return marker
 
 
+def source_item_ids(source: Any, key_field: str, storage_options: dict[str, str] | None) -> pa.Array:
+    """The item ids of a source (a list of dicts, or a path/URI read a batch at a time: ids, never rows)."""
+    if isinstance(source, (list, tuple)):
+        return pa.array([s.item_id for s in load_source(list(source), key_field)], pa.string())
+    batches = [b.ids for b in scan_batches(source_path(source), key_field, storage_options)]
+    return pa.concat_arrays(batches) if batches else pa.array([], pa.string())
+
+
+def _left_out(
+    log: CheckpointLog, ids: list[str], source: Any, key_field: str, include_removed: bool
+) -> set[str] | None:
+    """Which of the completed ``ids`` the source does not hold (None: keep every one).
+
+    ``source`` given: that source's ids. Else the source the last plan recorded: the log's items it
+    did not hold, as the plan listed them (no read of the source), or, for a plan that did not list
+    them (a partitioned plan of a large path source), the recorded path's ids. No recorded source:
+    every completed item, as before sources were recorded.
+    """
+    if include_removed:
+        return None
+    if source is None:
+        ref = recorded_source(log.uri, log.storage_options)
+        if ref is None:
+            return None
+        if ref.removed_ids is not None:
+            return set(ref.removed_ids)
+        if ref.kind != PATH or ref.uri_redacted:
+            return None  # an older inline record, or a URI whose credentials were cut: as before
+        source, key_field = ref.uri, ref.key_field
+    held = source_item_ids(source, key_field, log.storage_options)
+    done = pa.array(ids, pa.string())
+    return set(pc.filter(done, pc.invert(pc.is_in(done, value_set=held))).to_pylist())
+
+
 def export_results(
     log: CheckpointLog,
     destination_uri: str,
@@ -326,21 +363,36 @@ def export_results(
     include_input: bool = False,
     source: Any = None,
     key_field: str = "id",
+    include_removed: bool = False,
 ) -> dict[str, Any]:
     """Write completed items' folded fields, one typed column each, ordered by item id, to a Lance dataset.
+
+    Only the items of the experiment's current source are exported: the one the last plan recorded,
+    or ``source`` when given. A completed item whose row was deleted from the source is left out
+    (counted in ``removed``); ``include_removed=True`` exports every completed item. An experiment
+    whose plans recorded no source exports every completed item.
 
     :param include_input: add each item's source input as a struct column ``input``; the log keeps
         only input fingerprints, so ``source`` (and ``key_field``) must give the items they were
         generated from.
     :raises ExperimentNotFoundError: the experiment has no log (nothing is written).
 
-    Returns ``{"rows", "fingerprint", "changed", "json_fields", "renamed_fields"}``: equal results give
-    equal fingerprints; ``changed`` is False when the destination already held this very export (then
-    nothing is written); ``json_fields`` lists the columns holding JSON text, ``renamed_fields`` maps
-    a field to its column when they differ.
+    Returns ``{"rows", "fingerprint", "changed", "json_fields", "renamed_fields", "removed"}``: equal
+    results give equal fingerprints; ``changed`` is False when the destination already held this very
+    export (then nothing is written); ``json_fields`` lists the columns holding JSON text,
+    ``renamed_fields`` maps a field to its column when they differ; ``removed`` is how many completed
+    items were left out because the source no longer holds them.
     """
     if not isinstance(include_input, bool):
         raise bad_argument("export_results", "include_input", include_input, "is not a bool", "pass True or False")
+    if not isinstance(include_removed, bool):
+        raise bad_argument(
+            "export_results",
+            "include_removed",
+            include_removed,
+            "is not a bool",
+            "pass True to export completed items the source no longer holds too, False for the source's only",
+        )
     if include_input and source is None:
         raise bad_argument(
             "export_results",
@@ -351,6 +403,12 @@ def export_results(
         )
     require_experiment(log)
     states = log.completed_root_states()
+    gone = _left_out(log, list(states), source, key_field, include_removed)
+    removed = 0
+    if gone:
+        kept = {i: st for i, st in states.items() if i not in gone}
+        removed = len(states) - len(kept)
+        states = kept
     fields = _fields(states)
     fingerprint = results_fingerprint(_canonical(fields))
     # the source is read as the plan read it: with the log's (the datagen connection's) storage options
@@ -369,6 +427,7 @@ def export_results(
             "changed": False,
             "json_fields": list(stored.get("json_fields", [])),
             "renamed_fields": dict(stored.get("renamed_fields", {})),
+            "removed": removed,
         }
     table, json_fields, renamed = results_table(fields, inputs)
     marker = {**content, "json_fields": json_fields, "renamed_fields": renamed}
@@ -380,4 +439,5 @@ def export_results(
         "changed": True,
         "json_fields": json_fields,
         "renamed_fields": renamed,
+        "removed": removed,
     }

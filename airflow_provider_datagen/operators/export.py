@@ -32,8 +32,10 @@ class DatagenExportOperator(DatagenBaseOperator):
 
     The destination is declared as an Airflow Asset (outlet), so downstream DAGs can be scheduled on
     fresh results. An unchanged export (the destination already holds the same content) writes no
-    new version and emits no asset event. Returns ``{"rows", "fingerprint", "changed",
-    "json_fields", "renamed_fields"}``; equal results give equal fingerprints whatever history
+    new version and emits no asset event. Only the items of the experiment's current source are
+    exported (the source the last plan recorded, or ``source``): completed items whose rows were
+    deleted from it are left out and counted in ``removed``. Returns ``{"rows", "fingerprint",
+    "changed", "json_fields", "renamed_fields", "removed"}``; equal results give equal fingerprints whatever history
     (failures, crashes, reruns) produced them. Fails with
     :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError` when the experiment has no
     log (a misspelt name), writing nothing.
@@ -42,9 +44,10 @@ class DatagenExportOperator(DatagenBaseOperator):
     :param experiment: experiment name.
     :param destination: absolute path or URI of the export dataset (overwritten when it changes).
     :param include_input: add each item's source input as a struct column ``input``; needs ``source``.
-    :param source: with ``include_input=True``, the source the experiment was planned with (the log
-        keeps input fingerprints, not inputs); read only then.
+    :param source: the source whose items to export, instead of the one the last plan recorded (its
+        ids are read); with ``include_input=True``, needed: the log keeps input fingerprints, not inputs.
     :param key_field: the key field of ``source``.
+    :param include_removed: export every completed item, also those the source no longer holds.
     :param datagen_conn_id: connection of type ``datagen``; its storage options apply to the
         destination too.
     """
@@ -60,6 +63,7 @@ class DatagenExportOperator(DatagenBaseOperator):
         include_input: bool = False,
         source: Any = None,
         key_field: str = "id",
+        include_removed: bool = False,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -73,6 +77,14 @@ class DatagenExportOperator(DatagenBaseOperator):
             kwargs.setdefault("outlets", [Asset(asset_uri(destination))])
         if not isinstance(include_input, bool):
             raise bad_argument(self, "include_input", include_input, "is not a bool", "pass True or False")
+        if not isinstance(include_removed, bool):
+            raise bad_argument(
+                self,
+                "include_removed",
+                include_removed,
+                "is not a bool",
+                "pass True to export completed items the source no longer holds too, False for the source's only",
+            )
         if include_input and source is None:
             raise bad_argument(
                 self,
@@ -92,6 +104,7 @@ class DatagenExportOperator(DatagenBaseOperator):
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
         self.destination = destination
         self.include_input = include_input
+        self.include_removed = include_removed
         self.source = list(source) if isinstance(source, tuple) else source
         self.key_field = check_non_empty_str(self, "key_field", key_field, "name the field holding each item's key")
 
@@ -107,7 +120,14 @@ class DatagenExportOperator(DatagenBaseOperator):
             include_input=self.include_input,
             source=self.source,
             key_field=self.key_field,
+            include_removed=self.include_removed,
         )
+        if result["removed"]:
+            self.log.info(
+                "%d completed items are not in the current source (their rows were deleted) and were not exported; "
+                "pass include_removed=True to export them too",
+                result["removed"],
+            )
         if result["json_fields"]:
             self.log.info(
                 "columns holding JSON text (their values do not share one Arrow type): %s",
