@@ -4,13 +4,18 @@
 
 - containing ``[429]``: HTTP 429 with ``Retry-After: <retry_after>`` and OpenAI's error body;
 - containing ``[http NNN]``: HTTP NNN with OpenAI's error body (e.g. 400, 503);
+- containing ``[NNN once]`` (e.g. ``[429 once]``, ``[500 once]``): that status for the first request
+  of the prompt, the normal answer after;
+- containing ``[invalid once]``: for the first request of the prompt, a ``final_result`` call with
+  ``{}`` (an answer that fails validation, which pydantic-ai sends back to the model);
 - containing ``[slow]``: the normal answer after ``slow_seconds`` (ended early by :meth:`stop`);
 - otherwise a completion with ``usage``. Its content is ``"echo: <message>"``, or, when the request
   offers the ``final_result`` output tool (pydantic-ai's structured output), a call of that tool
   with ``tool_args`` (JSON).
 
-Usage is deterministic and recorded per request in :attr:`FakeOpenAI.requests` (with what was sent),
-so a test compares what the client recorded with what the server said. Runs in a thread of the
+Usage is deterministic and recorded per request in :attr:`FakeOpenAI.requests` (with what was sent and
+its arrival time), so a test compares what the client recorded with what the server said;
+``on_arrival`` is called as each request arrives, before it is answered. Runs in a thread of the
 test process; :meth:`stop` ends it.
 """
 
@@ -22,7 +27,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @dataclass
@@ -31,6 +39,8 @@ class Request:
 
     body: dict[str, Any]
     status: int | None = None  # None while a slow answer is pending
+    #: ``time.monotonic()`` when it arrived
+    at: float = field(default_factory=time.monotonic)
     usage: dict[str, int] | None = None
 
     @property
@@ -47,7 +57,8 @@ class FakeOpenAI:
     slow_seconds: float = 30.0
     tool_args: dict[str, Any] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
-    #: prompts seen with "[429 once]": the first request of each gets a 429, the next an answer
+    on_arrival: Callable[[Request], None] | None = None
+    #: prompts seen with a "[... once]" marker: the first request of each got its failure
     _throttled_once: set[str] = field(default_factory=set)
     _stopping: threading.Event = field(default_factory=threading.Event)
     _server: ThreadingHTTPServer | None = None
@@ -64,10 +75,17 @@ class FakeOpenAI:
         text = _last_user_text(body)
         request = Request(body)
         self.requests.append(request)  # on arrival: a test counts the requests a client made
-        once = "[429 once]" in text and text not in self._throttled_once
+        if self.on_arrival is not None:
+            self.on_arrival(request)
+        first = text not in self._throttled_once
+        marker = re.search(r"\[(\d{3}|invalid) once\]", text)
+        once = marker.group(1) if marker and first else None
         if once:
             self._throttled_once.add(text)
-        if "[429]" in text or once:
+        if once not in (None, "429", "invalid"):
+            request.status = int(once)
+            return int(once), {}, {"error": {"message": f"fake error {once}", "type": "fake"}}
+        if "[429]" in text or once == "429":
             request.status = 429
             error = {"message": "Rate limit reached, retry later", "type": "requests", "code": "rate_limit_exceeded"}
             return 429, {"Retry-After": str(self.retry_after)}, {"error": error}
@@ -82,7 +100,8 @@ class FakeOpenAI:
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         if "final_result" in tools:
             call = {"id": "call_1", "type": "function"}
-            call["function"] = {"name": "final_result", "arguments": json.dumps(self.tool_args)}
+            args = {} if once == "invalid" else self.tool_args
+            call["function"] = {"name": "final_result", "arguments": json.dumps(args)}
             message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
             finish = "tool_calls"
         else:
