@@ -79,6 +79,13 @@ def _sql_free_eq(column: str, value: str) -> pc.Expression:
     return pc.field(column) == pa.scalar(value, pa.string())
 
 
+def _row_name(rows: pa.Table | pa.RecordBatch | None, i: int) -> str | None:
+    """``event <id> of item <id>`` for row ``i`` of scanned ``rows``, when they hold those columns."""
+    if rows is None or "event_id" not in rows.column_names or "item_id" not in rows.column_names:
+        return None
+    return f"event {rows.column('event_id')[i].as_py()!r} of item {rows.column('item_id')[i].as_py()!r}"
+
+
 class CheckpointLog:
     """The event log of one experiment: ``<root>/datagen_checkpoints/<pipeline>/<experiment>/log.lance``.
 
@@ -212,23 +219,78 @@ class CheckpointLog:
             )
         self._check_version(int(raw))
 
-    def _check_version(self, version: int) -> None:
+    def _check_version(self, version: int, row: str | None = None) -> None:
+        # a row of another version in a log whose metadata says this one is damage, or a newer writer
+        damaged = (
+            ""
+            if row is None
+            else f" ({row} holds it; if no newer release wrote to this log, that row is damaged: restore "
+            "the log from a backup)"
+        )
         if version > DATAGEN_SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"{self.uri} was written with datagen schema version {version}, newer than this code's "
-                f"{DATAGEN_SCHEMA_VERSION}; upgrade airflow-provider-datagen to read it (it was not modified)"
+                f"{DATAGEN_SCHEMA_VERSION}; upgrade airflow-provider-datagen to read it (it was not modified){damaged}"
             )
         if version < DATAGEN_SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"{self.uri} uses datagen schema version {version}; this code reads version "
-                f"{DATAGEN_SCHEMA_VERSION} only. Migrate the log with a release that supports both."
+                f"{DATAGEN_SCHEMA_VERSION} only. Migrate the log with a release that supports both.{damaged}"
             )
 
-    def _check_versions(self, versions: pa.ChunkedArray | pa.Array) -> None:
-        """:meth:`_check_version` for the lowest and highest schema version in a scanned column."""
+    def _check_versions(
+        self, versions: pa.ChunkedArray | pa.Array, rows: pa.Table | pa.RecordBatch | None = None
+    ) -> None:
+        """:meth:`_check_version` for the lowest and highest schema version in a scanned column.
+
+        ``rows`` (the scanned rows) lets the error name the first row of a refused version.
+        """
         if len(versions):
             for v in {pc.max(versions).as_py(), pc.min(versions).as_py()}:
-                self._check_version(int(v))
+                if v != DATAGEN_SCHEMA_VERSION:
+                    row = _row_name(rows, int(pc.index(versions, v).as_py())) or self._row_of_version(int(v))
+                    self._check_version(int(v), row)
+
+    def _row_of_version(self, version: int) -> str | None:
+        """A row holding schema ``version`` (for an error only: the scan that found it had no ids)."""
+        ds = self._ds
+        if ds is None:
+            return None
+        try:
+            hit = ds.to_table(columns=["event_id", "item_id"], filter=f"schema_version = {version}", limit=1)
+        except lance_io.LANCE_ERRORS:
+            return None
+        return _row_name(hit, 0) if hit.num_rows else None
+
+    def _events(self, table: pa.Table) -> list[Event]:
+        """``events_from_table``, a row it cannot decode (an unknown event type) a typed error naming it."""
+        try:
+            return events_from_table(table)
+        except DatagenError:
+            raise
+        except (ValueError, TypeError, KeyError) as exc:
+            for i in range(table.num_rows):  # only on failure: find the row
+                try:
+                    events_from_table(table.slice(i, 1))
+                except (ValueError, TypeError, KeyError):
+                    raise self._damaged(_row_name(table, i) or f"row {i}", exc) from None
+            raise self._damaged("a row", exc) from None
+
+    def _fold(self, item_id: str, events: list[Event], load_blob: Callable[[str], bytes] | None = None) -> ItemState:
+        """``fold_events``, a value it cannot decode (damaged ``value_json``) a typed error naming the item."""
+        try:
+            return fold_events(item_id, events, load_blob)
+        except DatagenError:
+            raise
+        except (ValueError, TypeError, KeyError) as exc:
+            raise self._damaged(f"an event of item {item_id!r}", exc) from None
+
+    def _damaged(self, what: str, exc: BaseException) -> LogCorruptedError:
+        return LogCorruptedError(
+            f"{self.uri}: {what} cannot be read ({type(exc).__name__}: {str(exc)[:200]}). Nothing was changed. "
+            "Restore the log from a backup, or check out a version from before that row was committed "
+            "(lance restore); run maintain() after restoring."
+        )
 
     def _dataset(self) -> lance.LanceDataset | None:
         self._wait_appends()  # read your own writes: a pipelined append lands first
@@ -333,7 +395,7 @@ class CheckpointLog:
             table = ds.to_table(columns=cols, filter=filter)
         except lance_io.LANCE_ERRORS as exc:
             raise self._translate(exc, "reading the log") from None
-        self._check_versions(table["schema_version"])
+        self._check_versions(table["schema_version"], table)
         return table
 
     def _batches(
@@ -361,7 +423,7 @@ class CheckpointLog:
             except lance_io.LANCE_ERRORS as exc:
                 raise self._translate(exc, "reading the log") from None
             if checked:
-                self._check_versions(batch.column("schema_version"))
+                self._check_versions(batch.column("schema_version"), batch)
             yield batch
 
     # --- appends --------------------------------------------------------------------------------
@@ -488,16 +550,16 @@ class CheckpointLog:
     def subtree_copies(self, root_id: str) -> list[Event]:
         """Every stored row of a root item and its children, duplicates included (for folding)."""
         check_item_id(root_id)
-        return events_from_table(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
+        return self._events(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("root_item_id", root_id)))
 
     def _copies(self, item_id: str) -> list[Event]:
         """Every stored row of one item, duplicates included: which epochs wrote a copy matters to fencing."""
         check_item_id(item_id)
-        return events_from_table(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id)))
+        return self._events(self._scan(NON_BLOB_COLUMNS, _sql_free_eq("item_id", item_id)))
 
     def item_state(self, item_id: str) -> ItemState:
         """The lifecycle fold of one item (fields hold :class:`BlobRef` for blob-stored values)."""
-        return fold_events(item_id, self._copies(item_id), self.load_blob)
+        return self._fold(item_id, self._copies(item_id), self.load_blob)
 
     def item_states(self, item_ids: Iterable[str]) -> dict[str, ItemState]:
         """Lifecycle folds of many items with one query."""
@@ -508,9 +570,9 @@ class CheckpointLog:
             check_item_id(iid)
         table = self._scan(NON_BLOB_COLUMNS, pc.field("item_id").isin(pa.array(ids, pa.string())))
         grouped: dict[str, list[Event]] = {iid: [] for iid in ids}
-        for ev in events_from_table(table):
+        for ev in self._events(table):
             grouped.setdefault(ev.item_id, []).append(ev)
-        return {iid: fold_events(iid, grouped[iid], self.load_blob) for iid in ids}
+        return {iid: self._fold(iid, grouped[iid], self.load_blob) for iid in ids}
 
     def scan(self, columns: Sequence[str], filter: pc.Expression | None = None) -> pa.Table:
         """Rows of the log projected to ``columns`` (never ``value_blob``), optionally filtered.
@@ -540,20 +602,20 @@ class CheckpointLog:
         for missing in ("error_traceback", "error_message"):
             table = table.append_column(missing, pa.nulls(table.num_rows, pa.string()))
         grouped: dict[str, list[Event]] = {}
-        for ev in events_from_table(table):
+        for ev in self._events(table):
             grouped.setdefault(ev.item_id, []).append(ev)
-        return {iid: fold_events(iid, evs, self.load_blob) for iid, evs in grouped.items()}
+        return {iid: self._fold(iid, evs, self.load_blob) for iid, evs in grouped.items()}
 
     def failures(self, item_id: str | None = None) -> list[FailureRecord]:
         """The failure lens: FAILED rows and fencing violations, of one item or of the whole log."""
         if item_id is not None:
             evs = self._copies(item_id)
-            return failure_records(evs, fold_events(item_id, evs).violations)
+            return failure_records(evs, self._fold(item_id, evs).violations)
         table = self._scan(NON_BLOB_COLUMNS, pc.field("event_type") == pa.scalar(EventType.FAILED.value))
         states = self.states()
         bad = states.filter(pc.greater(states["violations"], 0))["item_id"].to_pylist()
-        violations = [v for iid in bad for v in fold_events(iid, self._copies(iid)).violations]
-        return failure_records(events_from_table(table), violations)
+        violations = [v for iid in bad for v in self._fold(iid, self._copies(iid)).violations]
+        return failure_records(self._events(table), violations)
 
     # --- states ---------------------------------------------------------------------------------
 

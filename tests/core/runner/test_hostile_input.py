@@ -51,6 +51,7 @@ from airflow_provider_datagen.core import (
 from airflow_provider_datagen.core.events import BlobRef
 from airflow_provider_datagen.core.export import collect_results
 from airflow_provider_datagen.core.schema import EVENT_SCHEMA
+from airflow_provider_datagen.core.store.paths import EPOCH_FILE
 from airflow_provider_datagen.exceptions import (
     ConfigurationError,
     DatagenError,
@@ -117,6 +118,8 @@ def tree_digest(path: str | Path) -> dict[str, str]:
     out = {}
     for dirpath, _, files in os.walk(path):
         for name in files:
+            if name == EPOCH_FILE:
+                continue  # the epoch counter: the run claims its epoch before it reads any input
             full = os.path.join(dirpath, name)
             with open(full, "rb") as fh:
                 out[os.path.relpath(full, path)] = hashlib.sha256(fh.read()).hexdigest()
