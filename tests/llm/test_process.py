@@ -290,3 +290,32 @@ def test_llm_step_is_a_pipeline_step_of_the_process(make_ctx: Callable[..., Reco
     assert isinstance(step, Step) and step.name == "translate"
     assert inspect.iscoroutinefunction(step.fn)
     assert asyncio.run(step.fn({"w": "hi"}, make_ctx())) == {"output": "salut"}
+
+
+def test_a_tool_call_is_one_more_request_with_its_own_slot_and_usage(make_ctx: Callable[..., RecordingContext]) -> None:
+    def lookup(word: str) -> str:
+        """The dictionary's entry of a word."""
+        return f"{word}: salut"
+
+    replies = Replies(
+        ModelResponse(
+            parts=[ToolCallPart("lookup", json.dumps({"word": "hi"}))],
+            usage=RequestUsage(input_tokens=30, output_tokens=4),
+            provider_name="acme",
+        ),
+        ModelResponse(
+            parts=[TextPart("salut")], usage=RequestUsage(input_tokens=50, output_tokens=2), provider_name="acme"
+        ),
+    )
+    process = llm_process(
+        "Say {{ w }}", agent_kwargs={"tools": [lookup]}, model=FunctionModel(replies, model_name="fake")
+    )
+    ctx = make_ctx()
+    assert asyncio.run(process({"w": "hi"}, ctx)) == {"output": "salut"}
+    # the tool's result went back to the model: two requests, each with its slot and its reply's usage
+    assert len(replies.seen) == 2 and ctx.requests == 2
+    one = {"model": "acme:fake", "cost_usd": None, "calls": 1}
+    assert ctx.usage == [
+        {**one, "input_tokens": 30, "output_tokens": 4},
+        {**one, "input_tokens": 50, "output_tokens": 2},
+    ]

@@ -19,7 +19,8 @@ from pydantic_ai.exceptions import ModelConnectionError
 from airflow_provider_datagen.core import RetryPolicy, run_items
 from airflow_provider_datagen.core.ratelimit import RateLimit, open_limiter
 from airflow_provider_datagen.core.runner import run as run_module
-from airflow_provider_datagen.exceptions import ConfigurationError
+from airflow_provider_datagen.core.schema import EventType
+from airflow_provider_datagen.exceptions import ConfigurationError, RepeatedFailureError
 from airflow_provider_datagen.llm import RETRYABLE_ERRORS, llm_process
 from tests._support import openai_server
 from tests._support.engine import open_log
@@ -175,3 +176,20 @@ def test_a_missing_connection_says_how_to_add_it_and_is_not_retried(
     assert type(caught.value.__cause__).__name__ == "AirflowNotFoundException"
     assert not POLICY.matches(caught.value)  # systemic: every item would fail the same way
     assert ctx.requests == 0
+
+
+def test_a_missing_connection_stops_the_run_early_with_one_attempt_per_item(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_LLM", raising=False)
+    process = llm_process("{{ text }}", llm_conn_id="no_such_llm")
+    log = open_log(tmp_path, "missing")
+    items = [{"id": f"q{k}", "text": f"word {k}"} for k in range(12)]
+    with pytest.raises(RepeatedFailureError, match="ConfigurationError") as caught:
+        run_items(
+            log, items, process, processor_version=process.version, retry=POLICY, concurrency=1, max_repeated_failures=3
+        )
+    assert "no_such_llm" in str(caught.value)
+    failed = [ev for k in range(12) for ev in log.events(f"q{k}") if ev.event_type is EventType.FAILED]
+    assert len(failed) == 3  # one attempt each (not retried), then no new item started
+    assert all(json.loads(ev.value_json)["transient"] is False for ev in failed)
