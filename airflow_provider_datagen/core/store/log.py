@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_datagen.core.events import Event, canonical_source_json, events_from_table
+from airflow_provider_datagen.core.events import Event, canonical_source_json
 from airflow_provider_datagen.core.fold import (
     STATE_SCHEMA,
     FailureRecord,
     ItemState,
     dedupe,
     failure_records,
-    fold_events,
 )
 from airflow_provider_datagen.core.ids import check_name
 from airflow_provider_datagen.core.schema import (
@@ -42,7 +41,7 @@ from airflow_provider_datagen.core.schema import (
 )
 from airflow_provider_datagen.core.sources import snapshot_digest
 from airflow_provider_datagen.core.status import summarize
-from airflow_provider_datagen.core.store import epochs, lance_io, ledger, maintenance, projection, tally
+from airflow_provider_datagen.core.store import epochs, identity, lance_io, ledger, maintenance, projection, rows, tally
 from airflow_provider_datagen.core.store.batch import check_item_id
 from airflow_provider_datagen.core.store.paths import is_local, local_path, log_uri, projection_uri, snapshot_uri
 from airflow_provider_datagen.core.store.writer import Committer, LogWriter
@@ -77,13 +76,6 @@ logger = logging.getLogger(__name__)
 def _sql_free_eq(column: str, value: str) -> pc.Expression:
     # pyarrow expressions never need SQL quoting, so ids with quotes or newlines are safe filters.
     return pc.field(column) == pa.scalar(value, pa.string())
-
-
-def _row_name(rows: pa.Table | pa.RecordBatch | None, i: int) -> str | None:
-    """``event <id> of item <id>`` for row ``i`` of scanned ``rows``, when they hold those columns."""
-    if rows is None or "event_id" not in rows.column_names or "item_id" not in rows.column_names:
-        return None
-    return f"event {rows.column('event_id')[i].as_py()!r} of item {rows.column('item_id')[i].as_py()!r}"
 
 
 class CheckpointLog:
@@ -125,13 +117,8 @@ class CheckpointLog:
         self._usage_memo: ledger.UsageMemo | None = None
         self._appends_since_check = 0
         self.projection_uri = projection_uri(self.uri)
-        #: which dataset this object reads (see lance_io.log_id), once it has read one
-        self._identity: str | None = None
-        self._identity_known = False
-        #: the highest version of that dataset this object has seen: a lower one is a rollback
-        self._seen_version = 0
-        #: the identity of the manifest of ``self._ds``'s version (local logs; see lance_io.is_latest)
-        self._manifest_token: tuple[Any, ...] | None = None
+        #: which dataset this object reads and how far (a recreated log, a rollback: see .identity)
+        self._identity = identity.DatasetIdentity(self.uri)
 
     def __repr__(self) -> str:
         return f"CheckpointLog({self.uri!r})"
@@ -239,16 +226,16 @@ class CheckpointLog:
             )
 
     def _check_versions(
-        self, versions: pa.ChunkedArray | pa.Array, rows: pa.Table | pa.RecordBatch | None = None
+        self, versions: pa.ChunkedArray | pa.Array, scanned: pa.Table | pa.RecordBatch | None = None
     ) -> None:
         """:meth:`_check_version` for the lowest and highest schema version in a scanned column.
 
-        ``rows`` (the scanned rows) lets the error name the first row of a refused version.
+        ``scanned`` (the rows scanned) lets the error name the first row of a refused version.
         """
         if len(versions):
             for v in {pc.max(versions).as_py(), pc.min(versions).as_py()}:
                 if v != DATAGEN_SCHEMA_VERSION:
-                    row = _row_name(rows, int(pc.index(versions, v).as_py())) or self._row_of_version(int(v))
+                    row = rows.row_name(scanned, int(pc.index(versions, v).as_py())) or self._row_of_version(int(v))
                     self._check_version(int(v), row)
 
     def _row_of_version(self, version: int) -> str | None:
@@ -260,49 +247,26 @@ class CheckpointLog:
             hit = ds.to_table(columns=["event_id", "item_id"], filter=f"schema_version = {version}", limit=1)
         except lance_io.LANCE_ERRORS:
             return None
-        return _row_name(hit, 0) if hit.num_rows else None
+        return rows.row_name(hit, 0) if hit.num_rows else None
 
     def _events(self, table: pa.Table) -> list[Event]:
-        """``events_from_table``, a row it cannot decode (an unknown event type) a typed error naming it."""
-        try:
-            return events_from_table(table)
-        except DatagenError:
-            raise
-        except (ValueError, TypeError, KeyError) as exc:
-            for i in range(table.num_rows):  # only on failure: find the row
-                try:
-                    events_from_table(table.slice(i, 1))
-                except (ValueError, TypeError, KeyError):
-                    raise self._damaged(_row_name(table, i) or f"row {i}", exc) from None
-            raise self._damaged("a row", exc) from None
+        return rows.decode_events(self.uri, table)
 
     def _fold(self, item_id: str, events: list[Event], load_blob: Callable[[str], bytes] | None = None) -> ItemState:
-        """``fold_events``, a value it cannot decode (damaged ``value_json``) a typed error naming the item."""
-        try:
-            return fold_events(item_id, events, load_blob)
-        except DatagenError:
-            raise
-        except (ValueError, TypeError, KeyError) as exc:
-            raise self._damaged(f"an event of item {item_id!r}", exc) from None
-
-    def _damaged(self, what: str, exc: BaseException) -> LogCorruptedError:
-        return LogCorruptedError(
-            f"{self.uri}: {what} cannot be read ({type(exc).__name__}: {str(exc)[:200]}). Nothing was changed. "
-            "Restore the log from a backup, or check out a version from before that row was committed "
-            "(lance restore); run maintain() after restoring."
-        )
+        return rows.fold_item(self.uri, item_id, events, load_blob)
 
     def _dataset(self) -> lance.LanceDataset | None:
         self._wait_appends()  # read your own writes: a pipelined append lands first
         with self._lock:
             if self._ds is None:
                 ds = self._open_dataset()
-            elif lance_io.is_latest(self.uri, self._ds, self._manifest_token):
+            elif lance_io.is_latest(self.uri, self._ds, self._identity.manifest_token):
                 return self._ds
             else:
                 ds = self._refreshed(self._ds)
             self._ds = None if ds is None else self._adopt(ds)
-            if ds is None and self._identity_known:
+            if ds is None and self._identity.known:
+                self._identity.forget()
                 self._forget("its dataset is gone")
             return self._ds
 
@@ -318,34 +282,14 @@ class CheckpointLog:
 
     def _adopt(self, ds: lance.LanceDataset) -> lance.LanceDataset:
         """Read ``ds`` from now on: another dataset at the URI resets every cache; an older version is damage."""
-        identity = lance_io.log_id(ds)
-        version = int(ds.version)
-        if self._identity_known and identity != self._identity:
+        if self._identity.adopt(ds):
             self._forget("another dataset is at its URI (deleted and created again)")
             self._check_schema(ds)
-        elif version < self._seen_version:
-            raise LogCorruptedError(
-                f"{self.uri} went back from version {self._seen_version} (read before) to version {version}: "
-                f"the manifest of version {self._seen_version} (and any after it) is missing, so acknowledged "
-                "work would be redone. Nothing was changed. Restore the missing _versions manifests from a "
-                "backup; if the log was restored on purpose, open it with a new CheckpointLog (a new process)."
-            )
-        self._identity, self._identity_known = identity, True
-        self._note_version(ds)
         return ds
 
-    def _note_version(self, ds: lance.LanceDataset) -> None:
-        """Remember ``ds``'s version as seen (an O(1) int and, locally, one stat of its manifest)."""
-        version = int(ds.version)
-        self._seen_version = max(self._seen_version, version)
-        self._manifest_token = lance_io.version_token(self.uri, version, ds) if is_local(self.uri) else None
-
     def _forget(self, why: str) -> None:
-        """Drop everything remembered of the dataset this object read."""
+        """Drop every cache of the dataset this object read (its identity is the caller's to reset)."""
         logger.info("log %s: %s; reading it afresh", self.uri, why)
-        self._identity, self._identity_known = None, False
-        self._seen_version = 0
-        self._manifest_token = None
         self._max_fragment_id = -1
         self._memo = None
         self._usage_memo = None
@@ -356,22 +300,16 @@ class CheckpointLog:
         A version committed since this object's last read is not a rollback: the log is read again
         before refusing. Records of another dataset, or without an identity, are the caller's to ignore.
         """
-        if log_id is None or not self._identity_known or log_id != self._identity or version <= self._seen_version:
+        if not self._identity.ahead(log_id, version):
             return
         current = self.version
-        if version <= current:
-            return
-        raise LogCorruptedError(
-            f"{self.uri} is at version {current} but {what} {uri} records version {version} of this same log: "
-            f"the manifest of version {version} (and any after it) is missing, so acknowledged work would be "
-            f"redone. Nothing was changed. Restore the missing _versions manifests from a backup; if the log "
-            f"was restored on purpose, delete {uri} (it is disposable and rebuilt by maintain())."
-        )
+        if version > current:
+            raise self._identity.behind_error(current, what, uri, version)
 
     @property
     def log_id(self) -> str | None:
         """The identity of the dataset this log read last (None before any, or for a log older than identities)."""
-        return self._identity
+        return self._identity.log_id
 
     def exists(self) -> bool:
         return self._dataset() is not None
@@ -466,7 +404,7 @@ class CheckpointLog:
                 self._create(table)
             else:
                 self._ds = lance_io.append_table(table, ds, EVENT_SCHEMA, self.storage_options)
-                self._note_version(self._ds)
+                self._identity.note(self._ds)
             self._make_durable()
         except DatagenError:
             raise
