@@ -88,17 +88,41 @@ def plan_chunks(
     processor_version: str = "v1",
     max_chunks: int = 1024,
     redo_completed: str = REDO_NEVER,
+    record: bool = True,
 ) -> PlannedChunks:
     """Fold the log once, classify the source and cut the pending items into chunk descriptors.
 
     Each descriptor carries ``redo_completed`` (see :func:`~airflow_provider_datagen.core.planner.plan_resume`),
-    so the mapped tasks redo what the plan asked.
+    so the mapped tasks redo what the plan asked. With ``record`` (the default) the source is
+    recorded beside the log, also when nothing is pending: counts and exports follow it (see
+    :mod:`.store.source_ref`); ``DatagenPlanOperator`` records it itself, with its connection's names.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
     check_redo_completed("plan_chunks", redo_completed)
     if not isinstance(source, (list, tuple)):
-        return _plan_path_chunks(log, source, key_field, chunk_size, processor_version, max_chunks, redo_completed)
+        planned = _plan_path_chunks(log, source, key_field, chunk_size, processor_version, max_chunks, redo_completed)
+    else:
+        planned = _plan_list_chunks(log, source, key_field, chunk_size, processor_version, max_chunks, redo_completed)
+    if record:
+        # Deferred: rerun reads the planner's and this module's functions (a cycle at import time).
+        from airflow_provider_datagen.core.rerun import record_plan_source
+
+        version, redo = processor_version, redo_completed
+        record_plan_source(log, source, planned, key_field=key_field, processor_version=version, redo_completed=redo)
+    return planned
+
+
+def _plan_list_chunks(
+    log: CheckpointLog,
+    source: list[Any] | tuple[Any, ...],
+    key_field: str,
+    chunk_size: int,
+    processor_version: str,
+    max_chunks: int,
+    redo_completed: str,
+) -> PlannedChunks:
+    """The plan of an inline source: its items snapshotted beside the log when any is pending."""
     items = load_source(source, key_field)
     states = log.states()
     # the mapped tasks read the log next: with the fold stored, they read it and the events since

@@ -128,6 +128,7 @@ class DatagenPlanOperator(DatagenBaseOperator):
             processor_version=self.processor_version,
             max_chunks=max_map,
             redo_completed=self.redo_completed,
+            record=False,  # recorded below, with the connection's names, and a failure only logged
         )
         self.log.info(
             "plan: %s; %d chunk(s) of up to %d items", result.plan.as_dict(), len(result.chunks), result.chunk_size

@@ -14,7 +14,6 @@ import pytest
 
 from airflow_provider_datagen.core import export_results, run_items
 from airflow_provider_datagen.core.chunks import plan_chunks
-from airflow_provider_datagen.core.rerun import record_plan_source
 from airflow_provider_datagen.exceptions import ConfigurationError
 from tests._support.engine import fields_of_export, open_log
 
@@ -39,9 +38,8 @@ def _edited(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _run(log: CheckpointLog, source: Any, version: str = "v1", redo: str = "never") -> None:
-    """What the plan and map tasks do: plan (recording the source), then run the pending items."""
+    """What the plan and map tasks do: plan (plan_chunks records the source), then run the pending items."""
     planned = plan_chunks(log, source, chunk_size=1000, processor_version=version, redo_completed=redo)
-    record_plan_source(log, source, planned, key_field="id", processor_version=version, redo_completed=redo)
     rows = source if isinstance(source, list) else [json.loads(line) for line in Path(source).read_text().splitlines()]
     pending = set(planned.plan.pending)
     todo = [r for r in rows if r["id"] in pending]
@@ -114,8 +112,7 @@ def test_status_after_a_budget_stop_counts_the_never_pulled_items(tmp_path: Path
     """Point 10: a plan of 300 items, 200 of them started: total 300, the rest never_started."""
     log = open_log(tmp_path / "root", "e")
     rows = _rows()
-    planned = plan_chunks(log, rows, chunk_size=1000)
-    record_plan_source(log, rows, planned, key_field="id", processor_version="v1", redo_completed="never")
+    plan_chunks(log, rows, chunk_size=1000)  # records the source beside the log
     run_items(log, rows[:200], _answer)
     status = log.summary()
     assert (status["total"], status["completed"], status["running"], status["never_started"]) == (300, 200, 0, 100)
