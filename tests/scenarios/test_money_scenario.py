@@ -123,8 +123,10 @@ def test_budget_stop_kill_edit_and_delete_export_what_a_fresh_run_exports(server
     seen = len(server.requests)
     env = {**os.environ, "PYTHONPATH": REPO}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tests.scenarios.money_worker", "--root", root, "--experiment", "e1"]
-        + ["--source", str(source), "--conn-id", CONN_ID],
+        [
+            *(sys.executable, "-m", "tests.scenarios.money_worker", "--root", root, "--experiment", "e1"),
+            *("--source", str(source), "--conn-id", CONN_ID),
+        ],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
