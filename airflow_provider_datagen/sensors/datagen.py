@@ -54,12 +54,12 @@ class DatagenStatusSensor(BaseSensorOperator):
         :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError`, e.g. to wait on an
         experiment another DAG has not started yet.
     :param deferrable: wait in the triggerer instead of occupying a worker slot.
+    :param datagen_conn_id: connection of type ``datagen``.
 
     When the experiment stopped at its budget (``status["stopped_by_budget"]``: the budget the plan
     or map tasks recorded is reached and items are pending, which no task will run) and the
     condition does not hold, the sensor is skipped at its next check, logging the budget, the spend
     and the fix; downstream tasks follow their trigger rules (``all_success`` ones are skipped).
-    :param datagen_conn_id: connection of type ``datagen``.
     """
 
     template_fields = ("pipeline", "experiment", "source")
