@@ -78,21 +78,14 @@ class Committer(Interpreter):
 
         While items in a row are failing with the same error, ``max_repeated_failures`` minus that
         streak more such failures stop the chunk: a pull no larger leaves no item pulled (ITEM_CREATED,
-        read as running) that never starts. Before any item is acknowledged the cap is
-        ``max_repeated_failures`` itself. None: no streak, no cap.
+        read as running) that never starts. None: no streak, no cap.
         """
         most = self.shared.max_repeated_failures
         if most is None:
             return None
         report = self.report
-        done = len(report.processed) + len(report.failed)
-        streak = self.repeats.current(done)
-        if streak:
-            return max(most - streak, 1)
-        # Before the first acknowledgement a systemic failure (a wrong connection, a server that is
-        # down) is the likeliest one: pulls no larger than would stop it leave no item never started
-        # read as running. Later pulls grow as before.
-        return most if done == 0 else None
+        streak = self.repeats.current(len(report.processed) + len(report.failed))
+        return max(most - streak, 1) if streak else None
 
     def pull(self, items: list[tuple[SourceItem, ItemState | None]]) -> None:
         """The inbox: one commit of ITEM_CREATED rows before any of these items is processed."""

@@ -163,8 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_interval=3600.0,
         concurrency=args.concurrency,
         retry=retry,
-        # the crash schedules kill at pull boundaries of the pulls without an early stop's first-pull cap
-        max_repeated_failures=None,
     )
     print(json.dumps({"killed": False, **report.as_dict(), "counts": counts}))
     return 0

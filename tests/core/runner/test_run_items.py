@@ -86,8 +86,7 @@ def test_item_created_is_committed_before_the_process_function_runs(log: Any) ->
         assert st.input_fingerprint == ctx.input_fingerprint
         return flat_output(item)
 
-    # max_repeated_failures=None: no early stop, so the first pull is not held to what would stop it
-    report = run_items(log, items, process, checkpoint_every=10, checkpoint_interval=3600, max_repeated_failures=None)
+    report = run_items(log, items, process, checkpoint_every=10, checkpoint_interval=3600)
     assert report.processed == [str(i) for i in range(70)]
     assert all(status == "running" for _, status, _ in seen)
     # The first pull is one commit of 64 ITEM_CREATED rows (max(checkpoint_every, 64)); the rest follow
@@ -121,15 +120,7 @@ def test_pull_is_one_commit_of_item_created_rows(log: Any) -> None:
     ],
 )
 def test_acks_are_grouped_by_checkpoint_every(log: Any, n: int, every: int | None, expected_versions: int) -> None:
-    # max_repeated_failures=None: the pulls without an early stop's cap on the first one
-    report = run_items(
-        log,
-        make_items(n),
-        flat_process(),
-        checkpoint_every=every,
-        checkpoint_interval=3600,
-        max_repeated_failures=None,
-    )
+    report = run_items(log, make_items(n), flat_process(), checkpoint_every=every, checkpoint_interval=3600)
     assert log.version == expected_versions
     assert report.commits == expected_versions
     assert statuses(log) == {str(i): "completed" for i in range(n)}
@@ -144,9 +135,7 @@ def test_a_crash_loses_only_unacknowledged_items(log: Any, every: int) -> None:
         observed[item["id"]] = log.summary()["completed"]
         return flat_output(item)
 
-    run_items(
-        log, make_items(11), process, checkpoint_every=every, checkpoint_interval=3600, max_repeated_failures=None
-    )
+    run_items(log, make_items(11), process, checkpoint_every=every, checkpoint_interval=3600)
     assert observed == {i: (i // every) * every for i in range(11)}
 
 
@@ -298,7 +287,7 @@ def test_keyboard_interrupt_ends_the_run_and_keeps_acked_items(log: Any) -> None
         return flat_output(item)
 
     with pytest.raises(ProcessInterrupted, match="'3'"):
-        run_items(log, make_items(6), process, checkpoint_every=1, max_repeated_failures=None)
+        run_items(log, make_items(6), process, checkpoint_every=1)
     st = statuses(log)
     assert [st[str(i)] for i in range(3)] == ["completed"] * 3
     assert {st[str(i)] for i in range(3, 6)} == {"running"}
