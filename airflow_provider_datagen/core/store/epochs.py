@@ -8,8 +8,9 @@ last epoch handed out) is raised under a lock, to ``max(counter, highest epoch i
 * Local root: one host owns the files, so a blocking ``flock`` on the counter file is exact (and
   released by the kernel when its holder dies).
 * Object store: no lock service is assumed and a conditional PUT is not trusted (moto's is racy
-  under contention): each claim is an object of its own under ``.epochs/``, and a claim wins when
-  no other claim at or above it is listed after it was written (see :func:`_claim_object`).
+  under contention), so the counter object is read and written under a short
+  :class:`~airflow_provider_datagen.core.store.lease.ObjectLease` (Fischer's timed exclusion:
+  a few seconds per claim, once per task attempt).
 
 The log's own highest epoch is the floor, so a log written before claims existed (or by writers
 passing explicit epochs) still gets a larger epoch: newer is always larger.
@@ -23,11 +24,10 @@ import logging
 import os
 import random
 import time
-import uuid
-from typing import Any
 
+from airflow_provider_datagen.core.store.lease import ObjectLease
 from airflow_provider_datagen.core.store.paths import (
-    EPOCH_CLAIMS_DIR,
+    EPOCH_LEASE_OBJECT,
     epoch_uri,
     experiment_uri,
     is_local,
@@ -40,8 +40,10 @@ logger = logging.getLogger(__name__)
 
 #: Writer epochs are int32 (see core/store/writer.py).
 MAX_EPOCH = (1 << 31) - 1
-#: How long an object-store claimer keeps losing to others before it gives up.
+#: How long an object-store claim waits for the claim lease held by others before giving up.
 CLAIM_TIMEOUT_SECONDS = 300.0
+#: The claim lease's lifetime: a claimer whose host died blocks the others this long at most.
+CLAIM_LEASE_TTL_SECONDS = 60.0
 
 
 def _next(last: int, floor: int, where: str) -> int:
@@ -96,64 +98,31 @@ def _claim_local(path: str, floor: int) -> int:
 
 
 def _claim_object(log_uri: str, storage_options: dict[str, str], floor: int) -> int:
-    """One PUT and one LIST per try: a claim of ``c`` wins when, after writing it, no other claim >= ``c`` is listed.
-
-    S3 (and moto) list what was written before the listing began (strong read-after-write), so of
-    two claimers of the same ``c`` each lists the other's object once both are written, and a later
-    claimer of a lower number lists the winner's higher one: at most one claimer wins a number, and
-    every win is above every earlier one. Losers try again one higher after a short jittered wait.
-    No conditional PUT and no timed lease is needed, so a claim takes milliseconds.
-    """
-    import pyarrow.fs as pafs
-
-    fs, path = object_store_fs(f"{experiment_uri(log_uri)}/{EPOCH_CLAIMS_DIR}", storage_options)
-    token = uuid.uuid4().hex
+    uri = epoch_uri(log_uri)
+    lease = ObjectLease(f"{experiment_uri(log_uri)}/{EPOCH_LEASE_OBJECT}", storage_options, ttl=CLAIM_LEASE_TTL_SECONDS)
     deadline = time.monotonic() + CLAIM_TIMEOUT_SECONDS
+    while not lease.acquire():
+        if time.monotonic() > deadline:
+            raise LogWriteError(
+                f"claiming an epoch for {log_uri}: the claim lease {lease.uri} stayed held for "
+                f"{CLAIM_TIMEOUT_SECONDS:.0f} s. If no task is starting, delete that object; else retry the task."
+            )
+        time.sleep(random.uniform(0.2, 1.0))  # jitter: claimers that collided do not collide again
     try:
-        while True:
-            claims = _listed_claims(fs, pafs, path)
-            mine = _next(max(claims, default=0) + 1, floor, log_uri)
-            with fs.open_output_stream(f"{path}/{mine:010d}-{token}") as fh:
-                fh.write(b"")
-            rivals = [n for n, t in _listed_claim_names(fs, pafs, path) if n >= mine and t != token]
-            if not rivals:
-                _prune(fs, path, mine)
-                return mine
-            if time.monotonic() > deadline:
-                raise LogWriteError(
-                    f"claiming an epoch for {log_uri}: other claims kept winning for {CLAIM_TIMEOUT_SECONDS:.0f} s; "
-                    "retry the task."
-                )
-            time.sleep(random.uniform(0.01, 0.2))  # jitter: claimers that collided do not collide again
+        fs, path = object_store_fs(uri, storage_options)
+        try:
+            with fs.open_input_stream(path) as fh:
+                last = _parse(bytes(fh.read()), uri)
+        except FileNotFoundError:
+            last = 0
+        epoch = _next(last, floor, uri)
+        with fs.open_output_stream(path) as fh:
+            fh.write(str(epoch).encode())
+        return epoch
     except OSError as exc:
         raise LogWriteError(
             f"claiming an epoch for {log_uri} failed: {exc}. Check that the object store is reachable; "
             "no epoch was claimed, retry the task."
         ) from exc
-
-
-def _listed_claim_names(fs: Any, pafs: Any, path: str) -> list[tuple[int, str]]:
-    """The (number, token) of every claim object under ``path``; a name not of a claim is skipped."""
-    out = []
-    for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
-        number, _, token = info.base_name.partition("-")
-        if number.isdigit() and token:
-            out.append((int(number), token))
-    return out
-
-
-def _listed_claims(fs: Any, pafs: Any, path: str) -> list[int]:
-    return [n for n, _ in _listed_claim_names(fs, pafs, path)]
-
-
-def _prune(fs: Any, path: str, won: int) -> None:
-    """Delete claims below ``won`` (best effort): a later claimer needs only the highest to go above it."""
-    import pyarrow.fs as pafs
-
-    for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
-        number = info.base_name.partition("-")[0]
-        if number.isdigit() and int(number) < won:
-            try:
-                fs.delete_file(info.path)
-            except OSError:
-                logger.debug("could not prune the epoch claim %s", info.path)
+    finally:
+        lease.release()

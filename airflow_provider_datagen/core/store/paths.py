@@ -27,10 +27,9 @@ USAGE_DIR = "usage.lance"
 LEASE_FILE = ".maintenance.lock"
 #: The maintenance lease on an object store (an object, see core/store/lease.py).
 LEASE_OBJECT = ".maintenance.lease"
-#: The last epoch claimed on a local root (core/store/epochs.py): a file written under a flock.
+#: The last epoch claimed (core/store/epochs.py): a file under a flock locally, an object under a lease on a store.
 EPOCH_FILE = ".epoch"
-#: The folder of an object-store experiment's epoch claims (one empty object per claim).
-EPOCH_CLAIMS_DIR = ".epochs"
+EPOCH_LEASE_OBJECT = ".epoch.lease"
 
 
 def is_local(uri: str) -> bool:
