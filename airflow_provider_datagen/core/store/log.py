@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import tenacity
 
 from airflow_provider_datagen.core.events import Event, canonical_source_json
 from airflow_provider_datagen.core.fold import (
@@ -403,7 +404,7 @@ class CheckpointLog:
             if ds is None:
                 self._create(table)
             else:
-                self._ds = lance_io.append_table(table, ds, EVENT_SCHEMA, self.storage_options)
+                self._ds = _append_with_retries(table, ds, self.storage_options)
                 self._identity.note(self._ds)
             self._make_durable()
         except DatagenError:
@@ -751,3 +752,18 @@ class CheckpointLog:
         return maintenance.maintain(
             self, cleanup_older_than=cleanup_older_than, target_rows_per_fragment=target_rows_per_fragment
         )
+
+
+def _too_many_writers(exc: BaseException) -> bool:
+    return isinstance(exc, lance_io.LANCE_ERRORS) and "Too many concurrent writers" in str(exc)
+
+
+#: Lance gives up on an append after ~30 s of commit conflicts when many tasks append to an object
+#: store at the same instant (20 map tasks starting together on S3); the append is tried again a few
+#: times after a jittered wait. A failed commit landed nothing, and reads de-duplicate by event id.
+_append_with_retries = tenacity.retry(
+    retry=tenacity.retry_if_exception(_too_many_writers),
+    stop=tenacity.stop_after_attempt(4),
+    wait=tenacity.wait_random_exponential(multiplier=1.0, max=10.0),
+    reraise=True,
+)(lambda table, ds, storage_options: lance_io.append_table(table, ds, EVENT_SCHEMA, storage_options))
