@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 SOURCES := airflow_provider_datagen dev tests benchmarks
 WHEEL_CHECK := .wheel-check
 
-.PHONY: demo test lint bench bench-scale airflow airflow-celery chromium redis postgres clean format unit wheel-check
+.PHONY: demo test lint docs bench bench-scale airflow airflow-celery chromium redis postgres clean format unit wheel-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,12 +40,17 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check $(SOURCES)
 	$(BIN)/mypy
 
+# The documentation site (mkdocs.yml, docs/) into .site/; --strict: a warning (a broken link or anchor, a
+# docstring the API reference cannot render) fails the build. NO_MKDOCS_2_WARNING hushes Material's banner.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d .site
+
 format: $(STAMP)
 	$(BIN)/ruff check --fix $(SOURCES)
 	$(BIN)/ruff format $(SOURCES)
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, so "no tests" never passes.
-test: $(STAMP) chromium redis postgres lint
+test: $(STAMP) chromium redis postgres lint docs
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
 # Everything but the end-to-end (celery included) and slow tests (no Airflow components, no long crash schedules).

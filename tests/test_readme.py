@@ -104,3 +104,50 @@ def test_without_airflow_block_runs_and_prints_what_it_says(tmp_path: Path) -> N
     export = ast.literal_eval(printed[2])
     assert export["rows"] == ast.literal_eval(comments[2])["rows"] == 100
     assert re.fullmatch(r"[0-9a-f]{64}", export["fingerprint"])
+
+
+#: the documentation site (mkdocs.yml's site_url); the README links into it, since it is also the PyPI page
+DOCS_URL = "https://airflow-provider-datagen.readthedocs.io/en/latest/"
+_LINK = re.compile(r"\]\(([^)\s]+)\)|^\[[^\]]+\]:\s*(\S+)|(?:href|src)=\"([^\"]+)\"", re.M)
+
+
+def _links(text: str) -> list[str]:
+    return [next(g for g in m.groups() if g) for m in _LINK.finditer(text)]
+
+
+def _slug(heading: str) -> str:
+    # Python-Markdown's toc slugify, which MkDocs uses for heading anchors
+    text = re.sub(r"[^\w\s-]", "", heading).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_readme_is_a_landing_page_of_at_most_300_lines() -> None:
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 300
+
+
+def test_readme_links_are_absolute_so_they_work_on_pypi() -> None:
+    links = _links(README.read_text(encoding="utf-8"))
+    assert links, "the README links to its documentation"
+    assert [link for link in links if not link.startswith("https://")] == []
+
+
+def test_readme_links_into_the_docs_name_pages_and_headings_that_exist() -> None:
+    docs = README.parent / "docs"
+    site_url = re.search(r"^site_url:\s*(\S+)", (README.parent / "mkdocs.yml").read_text(encoding="utf-8"), re.M)
+    assert site_url is not None and site_url.group(1) == DOCS_URL
+    into_docs = [link for link in _links(README.read_text(encoding="utf-8")) if link.startswith(DOCS_URL)]
+    assert len(into_docs) >= 10
+    for link in into_docs:
+        path, _, anchor = link.removeprefix(DOCS_URL).partition("#")
+        path = path.strip("/")
+        candidates = [docs / "index.md"] if not path else [docs / f"{path}.md", docs / path / "index.md"]
+        pages = [p for p in candidates if p.is_file()]
+        assert pages, f"{link}: no page {' or '.join(str(c.relative_to(docs)) for c in candidates)} under docs/"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", pages[0].read_text(encoding="utf-8"), re.M)
+            assert anchor in {_slug(h) for h in headings}, f"{link}: no such heading in {pages[0].name}"
+
+
+def test_the_guides_quick_start_holds_the_readmes_dag_verbatim() -> None:
+    guide = (README.parent / "docs" / "guide" / "quickstart.md").read_text(encoding="utf-8")
+    assert _block("Quick start", "with DAG(") in _BLOCK.findall(guide)
