@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_provider_datagen._arguments import bad_argument, check_name_argument
 from airflow_provider_datagen.exceptions import (
     DatagenError,
     ExperimentNotFoundError,
@@ -18,15 +17,8 @@ from airflow_provider_datagen.exceptions import (
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 from airflow_provider_datagen.operators.datagen import STATUS_XCOM_KEY
-from airflow_provider_datagen.triggers.datagen import (
-    CONDITIONS,
-    DatagenStatusTrigger,
-    budget_stop_message,
-    check_condition,
-    compute_status,
-    failed_items_exceeded,
-    usage_exceeded,
-)
+from airflow_provider_datagen.triggers.datagen import DatagenStatusTrigger
+from airflow_provider_datagen.triggers.status_watch import StatusWatch
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -82,63 +74,49 @@ class DatagenStatusSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = check_name_argument(self, "pipeline", pipeline)
-        self.experiment = check_name_argument(self, "experiment", experiment)
-        self.condition = check_condition(self, condition)
-        if deferrable and not isinstance(condition, str):
-            raise bad_argument(
-                self,
-                "condition",
-                condition,
-                "is a callable, which cannot run in the triggerer",
-                "use a named condition with deferrable=True, or poke/reschedule mode for a callable",
-            )
-        if max_failed_items is not None and (
-            isinstance(max_failed_items, bool) or not isinstance(max_failed_items, int) or max_failed_items < 0
-        ):
-            raise bad_argument(
-                self,
-                "max_failed_items",
-                max_failed_items,
-                "is not a non-negative int",
-                "give how many failed items to tolerate, or None to never fail on them",
-            )
-        if not isinstance(allow_missing, bool):
-            raise bad_argument(
-                self,
-                "allow_missing",
-                allow_missing,
-                "is not a bool",
-                "pass True to wait for the experiment's creation, False to fail when it does not exist",
-            )
-        self.max_cost_usd = _usage_limit(self, "max_cost_usd", max_cost_usd)
-        self.max_tokens = _usage_limit(self, "max_tokens", max_tokens)
-        self.source = source
-        self.key_field = key_field
-        self.max_failed_items = max_failed_items
-        self.allow_missing = allow_missing
+        watch = StatusWatch(
+            pipeline=pipeline,
+            experiment=experiment,
+            condition=condition,
+            source=source,
+            key_field=key_field,
+            max_failed_items=max_failed_items,
+            allow_missing=allow_missing,
+            max_cost_usd=max_cost_usd,
+            max_tokens=max_tokens,
+            datagen_conn_id=datagen_conn_id,
+        ).checked(self, deferrable=deferrable)
+        # Attributes, and the watch read back from them when needed (see watch): Airflow renders the
+        # template fields into the attributes after this constructor ran.
+        self.pipeline = watch.pipeline
+        self.experiment = watch.experiment
+        self.condition = watch.condition
+        self.source = watch.source
+        self.key_field = watch.key_field
+        self.max_failed_items = watch.max_failed_items
+        self.allow_missing = watch.allow_missing
+        self.max_cost_usd = watch.max_cost_usd
+        self.max_tokens = watch.max_tokens
+        self.datagen_conn_id = watch.datagen_conn_id
         self.deferrable = bool(deferrable)
-        self.datagen_conn_id = datagen_conn_id
+
+    @property
+    def watch(self) -> StatusWatch:
+        """What this sensor watches, its template fields as rendered; a trigger gets the same."""
+        return StatusWatch.of(self)
 
     def _status(self) -> dict[str, Any]:
         return self._observe()[0]
 
     def _observe(self) -> tuple[dict[str, Any], bool]:
-        return compute_status(
-            pipeline=self.pipeline,
-            experiment=self.experiment,
-            source=self.source,
-            key_field=self.key_field,
-            datagen_conn_id=self.datagen_conn_id,
-            allow_missing=self.allow_missing,
-        )
+        return self.watch.read()
 
     def _holds(self, status: dict[str, Any]) -> bool:
-        cond = self.condition
-        return bool(CONDITIONS[cond](status) if isinstance(cond, str) else cond(status))
+        return self.watch.holds(status)
 
     def _check_failures(self, status: dict[str, Any]) -> None:
-        if failed_items_exceeded(status, self.max_failed_items):
+        watch = self.watch
+        if watch.too_many_failed(status):
             ids = ", ".join(repr(i) for i in status.get("failed_item_ids", [])[:10])
             raise TooManyFailedItemsError(
                 f"{status['failed_items']} items of {self.pipeline}/{self.experiment} are failed, more than "
@@ -146,7 +124,7 @@ class DatagenStatusSensor(BaseSensorOperator):
                 "failure lens; fix the cause and clear the failed DatagenMapOperator task instances (or trigger "
                 "a new run of the DAG) to rerun only them."
             )
-        why = usage_exceeded(status, self.max_cost_usd, self.max_tokens)
+        why = watch.usage_exceeded(status)
         if why is not None:
             raise UsageLimitExceededError(
                 f"{self.pipeline}/{self.experiment}: {why}. The spend by model is in the Datagen UI; give the "
@@ -165,16 +143,7 @@ class DatagenStatusSensor(BaseSensorOperator):
         if done:
             context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=status)
         elif status.get("stopped_by_budget"):
-            self._skip_at_budget(
-                context,
-                status,
-                budget_stop_message(
-                    pipeline=self.pipeline,
-                    experiment=self.experiment,
-                    datagen_conn_id=self.datagen_conn_id,
-                    pending=int(status["pending"]),
-                ),
-            )
+            self._skip_at_budget(context, status, self.watch.budget_stop_message(int(status["pending"])))
         return PokeReturnValue(is_done=done, xcom_value=status)
 
     def _skip_at_budget(self, context: Context, status: dict[str, Any], message: str) -> None:
@@ -191,19 +160,7 @@ class DatagenStatusSensor(BaseSensorOperator):
         if first.is_done:
             return first.xcom_value
         self.defer(
-            trigger=DatagenStatusTrigger(
-                pipeline=self.pipeline,
-                experiment=self.experiment,
-                condition=self.condition,
-                source=self.source,
-                key_field=self.key_field,
-                max_failed_items=self.max_failed_items,
-                poke_interval=float(self.poke_interval),
-                datagen_conn_id=self.datagen_conn_id,
-                allow_missing=self.allow_missing,
-                max_cost_usd=self.max_cost_usd,
-                max_tokens=self.max_tokens,
-            ),
+            trigger=DatagenStatusTrigger(poke_interval=float(self.poke_interval), **self.watch.to_kwargs()),
             method_name="execute_complete",
             timeout=timedelta(seconds=float(self.timeout)) if self.timeout is not None else None,
         )
@@ -219,14 +176,3 @@ class DatagenStatusSensor(BaseSensorOperator):
             raise DatagenError(f"datagen status trigger ended without its condition: {event.get('outcome')}")
         context["ti"].xcom_push(key=STATUS_XCOM_KEY, value=status)
         return status
-
-
-def _usage_limit(owner: object, param: str, value: Any) -> Any:
-    """``max_cost_usd`` (a number >= 0) or ``max_tokens`` (an int >= 0), or None: no limit."""
-    if value is None:
-        return None
-    ok = not isinstance(value, bool) and isinstance(value, int if param == "max_tokens" else (int, float))
-    if not ok or not value >= 0:  # NaN too
-        kind = "int" if param == "max_tokens" else "number"
-        raise bad_argument(owner, param, value, f"is not a non-negative {kind}", "give the limit, or None for none")
-    return value
