@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from airflow_provider_datagen.core.chunk_spec import ChunkSpec
     from airflow_provider_datagen.core.events import BlobRef, Event, StepCoord, canonical_json, fingerprint_of
     from airflow_provider_datagen.core.export import export_results, merge_results, results_fingerprint
     from airflow_provider_datagen.core.fold import (
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.runner import ItemContext, RunReport, run_items
     from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, EventType, ItemStatus, StepKind
     from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source
+    from airflow_provider_datagen.core.status import DatagenStatus
     from airflow_provider_datagen.core.steps import (
         Branch,
         Conditional,
@@ -49,9 +51,11 @@ _EXPORTS = {
     "BlobRef": "airflow_provider_datagen.core.events",
     "Branch": "airflow_provider_datagen.core.steps",
     "CheckpointLog": "airflow_provider_datagen.core.store.log",
+    "ChunkSpec": "airflow_provider_datagen.core.chunk_spec",
     "Conditional": "airflow_provider_datagen.core.steps",
     "Cursor": "airflow_provider_datagen.core.fold",
     "DATAGEN_SCHEMA_VERSION": "airflow_provider_datagen.core.schema",
+    "DatagenStatus": "airflow_provider_datagen.core.status",
     "Event": "airflow_provider_datagen.core.events",
     "EventType": "airflow_provider_datagen.core.schema",
     "FailureRecord": "airflow_provider_datagen.core.fold",
@@ -97,8 +101,10 @@ __all__ = [
     "BlobRef",
     "Branch",
     "CheckpointLog",
+    "ChunkSpec",
     "Conditional",
     "Cursor",
+    "DatagenStatus",
     "Event",
     "EventType",
     "FailureRecord",

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core import partitioned_plan
+from airflow_provider_datagen.core.chunk_spec import FORMAT_KEY, ChunkSpec
 from airflow_provider_datagen.core.events import decode_source_json
 from airflow_provider_datagen.core.ids import key_of, root_item_id
 from airflow_provider_datagen.core.planner import (
@@ -57,14 +58,22 @@ _LABEL_KEY = 40
 
 @dataclass
 class PlannedChunks:
-    """The outcome of planning: the plan, the chunk descriptors and the status dict."""
+    """The outcome of planning: the plan, the chunks and the status dict."""
 
     plan: ResumePlan
-    chunks: list[dict[str, Any]]
+    specs: list[ChunkSpec]
     chunk_size: int
     status: dict[str, Any]
     #: the log's root items the source does not hold (None: not listed, a partitioned plan's)
     removed_ids: tuple[str, ...] | None = None
+
+    @property
+    def chunks(self) -> list[dict[str, Any]]:
+        """The chunks as the descriptor dicts ``plan_chunks`` gave before :class:`ChunkSpec` (XComs without the format).
+
+        Kept for the callers of this module's API; a task's payload is ``spec.to_xcom()``.
+        """
+        return [{k: v for k, v in s.to_xcom().items() if k != FORMAT_KEY} for s in self.specs]
 
 
 def _short(key: str) -> str:
@@ -92,7 +101,7 @@ def plan_chunks(
 ) -> PlannedChunks:
     """Fold the log once, classify the source and cut the pending items into chunk descriptors.
 
-    Each descriptor carries ``redo_completed`` (see :func:`~airflow_provider_datagen.core.planner.plan_resume`),
+    Each :class:`ChunkSpec` carries ``redo_completed`` (see :func:`~airflow_provider_datagen.core.planner.plan_resume`),
     so the mapped tasks redo what the plan asked. With ``record`` (the default) the source is
     recorded beside the log, also when nothing is pending: counts and exports follow it (see
     :mod:`.store.source_ref`); ``DatagenPlanOperator`` records it itself, with its connection's names.
@@ -132,10 +141,20 @@ def _plan_list_chunks(
     pending = plan.pending
     size = _size(len(pending), chunk_size, max_chunks)
     ref = log.write_source_snapshot(items) if pending else ""
-    chunks = []
-    for index, start in enumerate(range(0, len(pending), size)):
-        ids = pending[start : start + size]
-        chunks.append(_descriptor(log, processor_version, redo_completed, ref, True, key_field, ids, index, plan))
+    chunks = [
+        _descriptor(
+            log,
+            plan,
+            processor_version=processor_version,
+            redo_completed=redo_completed,
+            source=ref,
+            snapshot=True,
+            key_field=key_field,
+            ids=pending[start : start + size],
+            index=index,
+        )
+        for index, start in enumerate(range(0, len(pending), size))
+    ]
     removed = _not_in(states["item_id"], pa.array([i.item_id for i in items], pa.string()))
     return PlannedChunks(plan, chunks, size, status, removed)
 
@@ -157,28 +176,32 @@ def _size(pending: int, chunk_size: int, max_chunks: int) -> int:
 
 def _descriptor(
     log: CheckpointLog,
+    plan: ResumePlan,
+    *,
     processor_version: str,
     redo_completed: str,
-    ref: str,
+    source: str,
     snapshot: bool,
     key_field: str,
     ids: list[str],
     index: int,
-    plan: ResumePlan,
-) -> dict[str, Any]:
-    return {
-        "pipeline": log.pipeline,
-        "experiment": log.experiment,
-        "processor_version": processor_version,
-        "redo_completed": redo_completed,
-        "source": ref,
-        "snapshot": snapshot,
-        "key_field": key_field,
-        "item_ids": ids,
-        "label": chunk_label(ids),
-        "index": index,
-        "plan_log_version": plan.log_version,
-    }
+    rows: list[list[int]] | None = None,
+) -> ChunkSpec:
+    """The :class:`ChunkSpec` of the pending ``ids`` at ``index`` of ``log``'s ``plan``."""
+    return ChunkSpec(
+        pipeline=log.pipeline,
+        experiment=log.experiment,
+        processor_version=processor_version,
+        redo_completed=redo_completed,
+        source=source,
+        snapshot=snapshot,
+        key_field=key_field,
+        item_ids=tuple(ids),
+        label=chunk_label(ids),
+        index=index,
+        plan_log_version=plan.log_version,
+        rows=None if rows is None else tuple(tuple(r) for r in rows),
+    )
 
 
 def _plan_path_chunks(
@@ -223,13 +246,21 @@ def _plan_path_chunks(
     pending = plan.pending
     chunks = []
     for index, start in enumerate(range(0, len(pending_pos), size)):
-        chunk = _descriptor(
-            log, processor_version, redo_completed, ref, False, key_field, pending[start : start + size], index, plan
+        part = slice(start, start + size)
+        chunks.append(
+            _descriptor(
+                log,
+                plan,
+                processor_version=processor_version,
+                redo_completed=redo_completed,
+                source=ref,
+                snapshot=False,
+                key_field=key_field,
+                ids=pending[part],
+                index=index,
+                rows=row_ranges(pending_pos[part], None if offsets is None else offsets[part]),
+            )
         )
-        chunk["rows"] = row_ranges(
-            pending_pos[start : start + size], None if offsets is None else offsets[start : start + size]
-        )
-        chunks.append(chunk)
     return PlannedChunks(plan, chunks, size, planned.status, removed)
 
 
@@ -303,40 +334,35 @@ def snapshot_items(
 
 
 def chunk_items(
-    chunk: dict[str, Any],
+    chunk: Mapping[str, Any] | ChunkSpec,
     *,
     pipeline: str,
     experiment: str,
-    processor_version: str,
+    processor_version: str | None,
     storage_options: dict[str, str] | None = None,
 ) -> list[SourceItem]:
-    """The source items of a chunk, in the chunk's order; checks the chunk belongs to this task."""
-    for param, mine in (("pipeline", pipeline), ("experiment", experiment), ("processor_version", processor_version)):
-        theirs = chunk.get(param)
-        if theirs != mine:
-            raise ConfigurationError(
-                f"{param} mismatch: the plan produced chunks for {param}={theirs!r} but this task has "
-                f"{param}={mine!r}; give DatagenPlanOperator and DatagenMapOperator the same {param}"
-            )
-    ids = chunk.get("item_ids")
-    if not isinstance(ids, list):
-        raise ConfigurationError("chunk has no item_ids list; pass expand_kwargs(plan.output) unchanged")
-    key_field = str(chunk.get("key_field", "id"))
-    if chunk.get("snapshot"):
+    """The source items of a chunk (its XCom dict or spec), in the chunk's order; checks it belongs to this task.
+
+    ``processor_version`` None: the task takes the plan's (see :meth:`ChunkSpec.check_task`).
+    """
+    spec = ChunkSpec.from_xcom(chunk)
+    spec.check_task(pipeline=pipeline, experiment=experiment, processor_version=processor_version)
+    ids = list(spec.item_ids)
+    if spec.snapshot:
         # The snapshot holds the whole planned source; decode and fingerprint only this chunk's rows
         # (the planner validated the rest), so N chunks cost one source's worth of work, not N.
-        items = snapshot_items(str(chunk["source"]), key_field, storage_options, ids)
-    elif isinstance(chunk.get("rows"), list):
+        items = snapshot_items(spec.source, spec.key_field, storage_options, ids)
+    elif spec.rows is not None:
         # a streamed plan's chunk names its rows: read those, not the source (the plan validated it all)
-        items = items_at(str(chunk["source"]), chunk["rows"], key_field, storage_options)
+        items = items_at(spec.source, [list(r) for r in spec.rows], spec.key_field, storage_options)
     else:
-        rows = list(read_source(chunk["source"], storage_options=storage_options))
-        items = _prepare_chunk_rows(rows, key_field, ids)
+        rows = list(read_source(spec.source, storage_options=storage_options))
+        items = _prepare_chunk_rows(rows, spec.key_field, ids)
     by_id = {s.item_id: s for s in items}
     missing = [i for i in ids if i not in by_id]
     if missing:
         raise InvalidItemError(
-            f"{len(missing)} planned item(s) are no longer in source {chunk.get('source')!r} (e.g. {missing[0]!r}); "
+            f"{len(missing)} planned item(s) are no longer in source {spec.source!r} (e.g. {missing[0]!r}); "
             "the source changed after planning: rerun the plan task"
         )
     return [by_id[i] for i in ids]

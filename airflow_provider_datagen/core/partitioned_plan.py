@@ -47,7 +47,7 @@ from airflow_provider_datagen.core.spill import (
     buckets_of,
     give_back_memory,
 )
-from airflow_provider_datagen.core.status import FAILED_SAMPLE, summarize, version_counts
+from airflow_provider_datagen.core.status import FAILED_SAMPLE, item_counts, summarize, version_counts
 from airflow_provider_datagen.core.store.projection import ProjectionUnreadable, rows_of
 
 if TYPE_CHECKING:
@@ -318,16 +318,17 @@ def status_counts(states: pa.Table, match: StateMatch) -> dict[str, Any]:
         filtered = int(pc.sum(pc.equal(st, ItemStatus.FILTERED.value)).as_py() or 0)
         versions = pc.filter(pc.take(states["processor_version"], picked), is_completed)
         by_version = version_counts(versions)
-    return {
-        "total": len(cls),
-        "completed": completed,
-        "completed_by_version": by_version,
-        "filtered": filtered,
-        "running": int(np.count_nonzero(cls == CLS_REPLAY) + np.count_nonzero(cls == CLS_DEMOTED)),
-        "never_started": int(np.count_nonzero(cls == CLS_FRESH)),
-        "invalidated": int(np.count_nonzero(cls == CLS_INVALIDATED)),
-        "pending": int(np.count_nonzero(cls != CLS_SKIP)),
-    }
+    return dict(
+        item_counts(
+            total=len(cls),
+            completed=completed,
+            completed_by_version=by_version,
+            filtered=filtered,
+            running=int(np.count_nonzero(cls == CLS_REPLAY) + np.count_nonzero(cls == CLS_DEMOTED)),
+            never_started=int(np.count_nonzero(cls == CLS_FRESH)),
+            invalidated=int(np.count_nonzero(cls == CLS_INVALIDATED)),
+        )
+    )
 
 
 def _assemble(log: CheckpointLog, acc: _Collected, n: int, jsonl: bool) -> PathPlan:

@@ -1,4 +1,4 @@
-"""The ``datagen_status`` dict and the "failed" predicate: one home for both.
+"""The ``datagen_status`` dict (its type, :class:`DatagenStatus`, and its counts' builder) and the "failed" predicate.
 
 An item is *failed* when its lifecycle status is still ``running`` and it carries at least one FAILED
 row: it started, an attempt failed, and no later attempt finished it. That is what a rerun retries.
@@ -9,7 +9,7 @@ view over two columns of the state table, not a status of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,7 +20,41 @@ from airflow_provider_datagen.core.schema import ItemStatus
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-#: The keys of every ``datagen_status`` dict (``CheckpointLog.summary()``, ``status_of()``, the XCom).
+
+class _SourceCounts(TypedDict, total=False):
+    #: a plan over a source sets it (``status_of``, the path plans): items edited since they were done
+    invalidated: int
+
+
+class ItemCounts(_SourceCounts):
+    """The item counts of a ``datagen_status``, over the log's root items or a source's (see :func:`item_counts`)."""
+
+    total: int
+    completed: int
+    completed_by_version: dict[str, int]
+    filtered: int
+    running: int
+    never_started: int
+    pending: int
+
+
+class DatagenStatus(ItemCounts):
+    """The ``datagen_status`` dict: what ``CheckpointLog.summary()`` and ``status_of()`` give, the status XCom."""
+
+    pipeline: str
+    experiment: str
+    failed_items: int
+    failed_item_ids: list[str]
+    children: int
+    fencing_violations: int
+    log_version: int
+    usage: dict[str, Any]
+    stopped_by_budget: bool
+    removed: int
+
+
+#: The keys of every ``datagen_status`` dict (``CheckpointLog.summary()``, ``status_of()``, the XCom),
+#: in the order the dict lists them: :class:`DatagenStatus`'s required keys.
 STATUS_KEYS = (
     "pipeline",
     "experiment",
@@ -40,6 +74,8 @@ STATUS_KEYS = (
     "stopped_by_budget",
     "removed",
 )
+if frozenset(STATUS_KEYS) != DatagenStatus.__required_keys__:  # one list of keys, checked where both live
+    raise AssertionError(f"STATUS_KEYS {STATUS_KEYS} differ from DatagenStatus's keys")
 
 #: How many failed item ids a status dict samples (the count is always exact).
 FAILED_SAMPLE = 20
@@ -183,23 +219,53 @@ def tally(states: pa.Table, keep: int | None = FAILED_SAMPLE) -> Tally:
     )
 
 
+def item_counts(
+    *,
+    total: int,
+    completed: int,
+    completed_by_version: dict[str, int],
+    filtered: int,
+    running: int,
+    never_started: int,
+    invalidated: int | None = None,
+) -> ItemCounts:
+    """The counts of a ``datagen_status``; ``pending`` is what a rerun touches: running, never started, invalidated.
+
+    ``invalidated`` (items done on an input since edited) is counted by a plan over a source only:
+    None leaves the key out, as a status over the log's items has it.
+    """
+    counts: ItemCounts = {
+        "total": total,
+        "completed": completed,
+        "completed_by_version": completed_by_version,
+        "filtered": filtered,
+        "running": running,
+        "never_started": never_started,
+        "pending": running + never_started + (invalidated or 0),
+    }
+    if invalidated is not None:
+        counts["invalidated"] = invalidated
+    return counts
+
+
 def summary_of(
     t: Tally, *, pipeline: str, experiment: str, log_version: int, usage: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The ``datagen_status`` dict of a :class:`Tally` (see :func:`summarize`)."""
     counts = {s.value: int(t.statuses.get(s.value, 0)) for s in ItemStatus}
-    values = {
+    values: DatagenStatus = {
         "pipeline": pipeline,
         "experiment": experiment,
-        "total": t.roots,
-        "completed": counts[ItemStatus.COMPLETED.value],
-        "completed_by_version": dict(t.completed_by_version),
-        "filtered": counts[ItemStatus.FILTERED.value],
-        "running": counts[ItemStatus.RUNNING.value],
-        "never_started": counts[ItemStatus.NEVER_STARTED.value],
+        **item_counts(
+            total=t.roots,
+            completed=counts[ItemStatus.COMPLETED.value],
+            completed_by_version=dict(t.completed_by_version),
+            filtered=counts[ItemStatus.FILTERED.value],
+            running=counts[ItemStatus.RUNNING.value],
+            never_started=counts[ItemStatus.NEVER_STARTED.value],
+        ),
         "failed_items": t.failed,
         "failed_item_ids": list(t.failed_ids[:FAILED_SAMPLE]),
-        "pending": counts[ItemStatus.RUNNING.value] + counts[ItemStatus.NEVER_STARTED.value],
         "children": t.children,
         "fencing_violations": t.violations,
         "log_version": log_version,
@@ -208,7 +274,8 @@ def summary_of(
         "stopped_by_budget": False,
         "removed": 0,
     }
-    return {key: values[key] for key in STATUS_KEYS}
+    built = dict(values)
+    return {key: built[key] for key in STATUS_KEYS}
 
 
 def summarize(

@@ -13,6 +13,9 @@ from airflow_provider_datagen._arguments import (
     bad_argument,
     check_positive_int,
 )
+
+# a light module (no Lance, pyarrow or numpy): DAG parsing may import it
+from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import REPORT_XCOM_KEY, DatagenBaseOperator, folded_status
@@ -99,14 +102,17 @@ class DatagenMapOperator(DatagenBaseOperator):
     :param experiment: experiment name; must match the plan's.
     :param process: ``"package.module:function"``, a callable ``fn(item, ctx) -> dict | None`` or a
         step pipeline (``Sequence``, ``Loop``, ``MapReduce``, ...).
-    :param processor_version: version of ``process``; must match the plan's.
-    :param redo_completed: ``"never"`` or ``"other_version"`` (see :class:`DatagenPlanOperator`); set
-        by ``expand_kwargs`` from the plan, whose chunks carry its choice. Give it only without a plan.
+    :param processor_version: version of ``process``. Mapped over a plan, the chunk carries the plan's
+        and this may be left out; when given it must match the plan's. Without a plan, ``"v1"`` if not given.
+    :param redo_completed: ``"never"`` or ``"other_version"`` (see :class:`DatagenPlanOperator`). Mapped
+        over a plan, the chunk carries the plan's choice (``expand_kwargs`` also passes it, checked
+        against the chunk's). Without a plan, ``"never"`` if not given.
     :param checkpoint_every: items per acknowledgement commit, each landed before the next item runs;
         ``None`` is pipelined group commit (every 4096 items or ``checkpoint_interval`` seconds,
         whichever first, appended while the next items run).
     :param checkpoint_interval: the time bound of group commit, in seconds.
-    :param chunk: a chunk descriptor from the plan (set by ``expand_kwargs``).
+    :param chunk: a chunk from the plan, a :class:`~airflow_provider_datagen.core.ChunkSpec`'s XCom dict
+        (set by ``expand_kwargs``).
     :param source: without a plan, the source to run whole (list or path/URI).
     :param key_field: the key field of ``source`` when used without a plan.
     :param fail_fast: stop at the first failing item instead of recording it and going on.
@@ -175,8 +181,8 @@ class DatagenMapOperator(DatagenBaseOperator):
         pipeline: str,
         experiment: str,
         process: Any,
-        processor_version: str = "v1",
-        redo_completed: str = "never",
+        processor_version: str | None = None,
+        redo_completed: str | None = None,
         checkpoint_every: int | None = None,
         checkpoint_interval: float = 2.0,
         chunk: Mapping[str, Any] | None = None,
@@ -205,8 +211,10 @@ class DatagenMapOperator(DatagenBaseOperator):
             if not isinstance(process, Step):
                 raise bad_process(process)
         self.process = process
+        #: None: the chunk's (the plan's), or "v1" without a plan
         self.processor_version = processor_version
-        self.redo_completed = check_redo_completed_argument(self, redo_completed)
+        #: None: the chunk's (the plan's), or "never" without a plan
+        self.redo_completed = None if redo_completed is None else check_redo_completed_argument(self, redo_completed)
         self.checkpoint_every = check_positive_int(self, "checkpoint_every", checkpoint_every, allow_none=True)
         if not isinstance(checkpoint_interval, (int, float)) or checkpoint_interval <= 0:
             raise bad_argument(
@@ -251,29 +259,41 @@ class DatagenMapOperator(DatagenBaseOperator):
     @property
     def chunk_label(self) -> str:
         """What the UI shows for this map index: the chunk's key range."""
-        if self.chunk:
-            return str(self.chunk.get("label", ""))
-        return "all items"
+        try:
+            spec = self.spec() if self.chunk else None
+        except ConfigurationError:
+            return ""  # execute() raises the error naming the bad field: the label must not hide it
+        return "all items" if spec is None else spec.label
 
-    def _items(self) -> tuple[list[Any], str]:
+    def spec(self) -> ChunkSpec | None:
+        """This task's chunk decoded (None without a plan); refuses one this provider cannot read."""
+        return None if self.chunk is None else ChunkSpec.from_xcom(self.chunk)
+
+    def _items(self, spec: ChunkSpec | None) -> tuple[list[Any], str]:
         """The items of this chunk (or of the whole source without a plan) and their key field."""
         # Deferred: core imports Lance, which DAG parsing must not pay for.
         from airflow_provider_datagen.core import load_source
         from airflow_provider_datagen.core.chunks import chunk_items
 
-        if self.chunk is None:
+        if spec is None:
             return (
                 load_source(self.source, self.key_field, storage_options=self.hook.storage_options or None),
                 self.key_field,
             )
+        spec.check_task(
+            pipeline=self.pipeline,
+            experiment=self.experiment,
+            processor_version=self.processor_version,
+            redo_completed=self.redo_completed,
+        )
         items = chunk_items(
-            self.chunk,
+            spec,
             pipeline=self.pipeline,
             experiment=self.experiment,
             processor_version=self.processor_version,
             storage_options=self.hook.storage_options or None,
         )
-        return items, str(self.chunk.get("key_field", self.key_field))
+        return items, spec.key_field
 
     def execute(self, context: Context) -> dict[str, Any]:
         # Deferred: core imports Lance, which DAG parsing must not pay for.
@@ -281,7 +301,14 @@ class DatagenMapOperator(DatagenBaseOperator):
 
         process = resolve_process(self.process)
         event_log = self.get_log()
-        items, key_field = self._items()
+        spec = self.spec()
+        items, key_field = self._items(spec)
+        # the plan's choices travel in its chunk; without a plan, this task's own or the defaults
+        if spec is not None:
+            processor_version, redo_completed = spec.processor_version, spec.redo_completed
+        else:
+            processor_version = "v1" if self.processor_version is None else self.processor_version
+            redo_completed = "never" if self.redo_completed is None else self.redo_completed
         ti = context["ti"]
         map_index = getattr(ti, "map_index", -1)
         try_number = int(getattr(ti, "try_number", 1) or 1)
@@ -300,7 +327,7 @@ class DatagenMapOperator(DatagenBaseOperator):
             items,
             process,
             key_field=key_field,
-            processor_version=self.processor_version,
+            processor_version=processor_version,
             writer_id=writer_id,
             epoch=epoch,
             checkpoint_every=self.checkpoint_every,
@@ -313,8 +340,7 @@ class DatagenMapOperator(DatagenBaseOperator):
             retry=RetryPolicy.from_dict(self.retry) if self.retry is not None else None,
             rate_limit=RateLimit.from_dict(self.rate_limit) if self.rate_limit is not None else None,
             rate_limit_storage=self.hook.rate_limit_storage if self.rate_limit is not None else None,
-            # the plan's choice travels in its chunks (older plans' chunks lack it)
-            redo_completed=self.chunk.get("redo_completed", self.redo_completed) if self.chunk else self.redo_completed,
+            redo_completed=redo_completed,
             budget_usd=self.budget_usd,
             budget_tokens=self.budget_tokens,
             max_repeated_failures=self.max_repeated_failures,

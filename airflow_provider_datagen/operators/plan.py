@@ -143,7 +143,9 @@ class DatagenPlanOperator(DatagenBaseOperator):
             )
         self.record_source(event_log, result)
         self.push_status(context, result.status)
-        return [{"chunk": c, "redo_completed": self.redo_completed} for c in result.chunks]
+        # redo_completed is in each chunk; the kwarg beside it stays for whoever reads this XCom by it,
+        # and the map operator only checks it against the chunk's
+        return [{"chunk": s.to_xcom(), "redo_completed": self.redo_completed} for s in result.specs]
 
     def record_source(self, event_log: CheckpointLog, result: PlannedChunks) -> None:
         """Record beside the log which source this plan read, for the UI's next-run panel and item inputs.

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
 from airflow_provider_datagen.core.schema import LIGHT_COLUMNS, ItemStatus
-from airflow_provider_datagen.core.status import Tally, summarize, summary_of, tally
+from airflow_provider_datagen.core.status import Tally, item_counts, summarize, summary_of, tally
 from airflow_provider_datagen.core.store import lance_io, projection
 from airflow_provider_datagen.core.store.source_ref import SourceRef, recorded_source
 
@@ -87,19 +87,26 @@ def over_source(log: CheckpointLog, status: dict[str, Any], ref: SourceRef) -> N
     gone = tally(log.states_of(list(ref.removed_ids or ())), keep=None)
     counts = {s.value: int(gone.statuses.get(s.value, 0)) for s in ItemStatus}
     in_source = int(status["total"]) - gone.roots
-    status["completed"] -= counts[ItemStatus.COMPLETED.value]
     by_version = dict(status["completed_by_version"])
     for version, n in gone.completed_by_version.items():
         by_version[version] = by_version.get(version, 0) - n
-    status["completed_by_version"] = {v: n for v, n in by_version.items() if n > 0}
-    status["filtered"] -= counts[ItemStatus.FILTERED.value]
-    status["running"] -= counts[ItemStatus.RUNNING.value]
-    status["never_started"] += max(0, ref.items - in_source) - counts[ItemStatus.NEVER_STARTED.value]
+    completed = status["completed"] - counts[ItemStatus.COMPLETED.value]
+    filtered = status["filtered"] - counts[ItemStatus.FILTERED.value]
+    running = status["running"] - counts[ItemStatus.RUNNING.value]
+    never_started = status["never_started"] + max(0, ref.items - in_source) - counts[ItemStatus.NEVER_STARTED.value]
+    status.update(
+        item_counts(
+            total=completed + filtered + running + never_started,
+            completed=completed,
+            completed_by_version={v: n for v, n in by_version.items() if n > 0},
+            filtered=filtered,
+            running=running,
+            never_started=never_started,
+        )
+    )
     status["failed_items"] -= gone.failed
     left_out = set(gone.failed_ids)
     status["failed_item_ids"] = [i for i in status["failed_item_ids"] if i not in left_out]
-    status["pending"] = status["running"] + status["never_started"]
-    status["total"] = status["completed"] + status["filtered"] + status["pending"]
     status["removed"] = gone.roots
 
 
