@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_datagen.exceptions import ConfigurationError
+
 # --- the bucket of an id ---------------------------------------------------------------------
 
 _P = 0x100000001B3  # the 64-bit FNV prime: odd, so invertible modulo 2**64
@@ -102,23 +104,56 @@ def _glibc() -> Any:
 _LIBC = _glibc()
 _M_MMAP_THRESHOLD = -3
 
+#: The environment variable that opts a worker into :func:`bound_allocator` (``1``/``true``/``yes``/``on``).
+TUNE_ALLOCATOR_ENV = "DATAGEN_TUNE_ALLOCATOR"
+_YES = frozenset({"1", "true", "yes", "on"})
+_NO = frozenset({"", "0", "false", "no", "off"})
+
+
+def allocator_tuning_wanted() -> bool:
+    """Whether :data:`TUNE_ALLOCATOR_ENV` opts this process into :func:`bound_allocator` (off when unset).
+
+    Read at each call, not at import, so a worker can set it before its first plan.
+    """
+    value = os.environ.get(TUNE_ALLOCATOR_ENV, "").strip().lower()
+    if value in _YES:
+        return True
+    if value in _NO:
+        return False
+    raise ConfigurationError(
+        f"{TUNE_ALLOCATOR_ENV}={os.environ[TUNE_ALLOCATOR_ENV]!r} is neither on nor off: "
+        f"set it to one of {sorted(_YES)} to fix glibc's mmap threshold, or unset it"
+    )
+
 
 def bound_allocator() -> None:
-    """Make glibc map blocks from :data:`MMAP_THRESHOLD` up and unmap them when freed.
+    """Make glibc map blocks from :data:`MMAP_THRESHOLD` up, only if the worker opted in (see below).
 
-    By default, once a large block is freed glibc raises that threshold (up to 32 MB) and serves
-    such blocks from its heap, where freed pages stay resident: a bucket's numpy arrays then kept a
-    cold 1M-item plan's peak at ~910 MB. Fixing the threshold turns that growth off. Where it is fixed
-    is a trade of memory for time: at glibc's default of 128 KB every scan batch's arrays were mapped
-    and unmapped, and the kernel zeroing their pages was a third of a cold 10M plan's time (49 s,
-    28 s of it system time, against 36 s with 16 MB; same-run measures in ADR 0019). A no-op off glibc.
+    Opt in with ``DATAGEN_TUNE_ALLOCATOR=1`` (:data:`TUNE_ALLOCATOR_ENV`) in the worker's environment;
+    unset, this does nothing. It is off by default because it cannot be undone: setting
+    ``M_MMAP_THRESHOLD`` also turns off glibc's dynamic threshold (and its dynamic trim threshold) for
+    the rest of the process (``man mallopt``), and glibc has no getter to put back what was there, so
+    it would outlive the plan and change every allocation of the user's worker. Opting in (or, with
+    no provider code at all, starting the worker with glibc's own
+    ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=16777216``) is a choice about the whole process.
+
+    What it buys: by default, once a large block is freed glibc raises that threshold (up to 32 MB)
+    and serves such blocks from its heap, where freed pages stay resident. Fixing it at 16 MB maps
+    (and unmaps when freed) the arrays of a bucket but not those of a scan batch: at glibc's 128 KB
+    every scan batch's arrays were mapped and unmapped, and the kernel zeroing their pages was a
+    third of a cold 10M plan's time (ADR 0019). Measured against glibc's dynamic threshold the fixed
+    one changes little (ADR 0019's addendum: 10M cold 34-37 s and 1,236-1,301 MB fixed, 36-39 s and
+    1,229-1,240 MB dynamic; ``benchmarks.scale``'s 1M plan task, six runs each, medians: cold 829
+    against 838 MB and 4.9 against 5.0 s CPU, with the fold cache 558 against 546 MB and 2.2 against
+    2.4 s CPU); :func:`give_back_memory` after each bucket does most of the work either way. A no-op
+    off glibc.
     """
-    if _LIBC is not None:
+    if _LIBC is not None and allocator_tuning_wanted():
         _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
-#: Blocks glibc maps (and unmaps when freed) from this size up (see :func:`bound_allocator`): the
-#: arrays of a bucket, not those of a scan batch.
+#: Blocks glibc maps (and unmaps when freed) from this size up once opted in (see
+#: :func:`bound_allocator`): the arrays of a bucket, not those of a scan batch.
 MMAP_THRESHOLD = 16 * 1024 * 1024
 
 

@@ -24,6 +24,7 @@ from airflow_provider_datagen.core.status import tally
 from airflow_provider_datagen.core.store import maintenance, projection
 from airflow_provider_datagen.exceptions import InvalidItemError
 from benchmarks.synth import synth_events
+from tests.core.test_spill import SpyLibc
 from tests.core.test_streamed_plan import planned_log, source_rows
 
 if TYPE_CHECKING:
@@ -82,21 +83,6 @@ def test_a_spill_keeps_every_row_in_its_bucket_in_arrival_order(tmp_path: Path, 
     spill.close()
     got = [spill.read(b, pa.schema([("seq", pa.int64())])).column("seq").to_pylist() for b in range(k)]
     assert got == sent
-
-
-def test_the_plan_maps_only_bucket_sized_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    # glibc's default threshold (128 KB) mapped and unmapped every scan batch's arrays: a third of a
-    # cold 10M plan's time was the kernel zeroing their pages (ADR 0019)
-    calls: list[tuple[int, int]] = []
-
-    class Libc:
-        def mallopt(self, param: int, value: int) -> int:
-            calls.append((param, value))
-            return 1
-
-    monkeypatch.setattr(spill_mod, "_LIBC", Libc())
-    spill_mod.bound_allocator()
-    assert calls == [(-3, 16 * 1024 * 1024)]  # M_MMAP_THRESHOLD
 
 
 def test_the_bucket_count_follows_the_larger_of_items_and_events() -> None:
@@ -267,3 +253,33 @@ def test_the_plan_shortens_gil_turns_only_while_it_runs_even_when_it_fails(
     with pytest.raises(InvalidItemError, match="a bucket failed"):
         plan_chunks(log, str(path), chunk_size=1000)
     assert sys.getswitchinterval() == pytest.approx(before)
+
+
+@pytest.mark.parametrize("interval", [0.005, 0.000123, 0.000015])  # the last two read back a hair short
+def test_a_partitioned_plan_leaves_the_switch_interval_and_the_allocator_as_it_found_them(
+    tmp_path: Path, partitioned: None, monkeypatch: pytest.MonkeyPatch, interval: float
+) -> None:
+    import sys
+
+    libc = SpyLibc()
+    monkeypatch.setattr(spill_mod, "_LIBC", libc)
+    monkeypatch.delenv(spill_mod.TUNE_ALLOCATOR_ENV, raising=False)
+    rows = source_rows(2500)
+    path = tmp_path / "src.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=700)
+    log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e")
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        before = sys.getswitchinterval()
+        for _ in range(3):  # a microsecond lost per plan would show
+            plan_chunks(log, str(path), chunk_size=1000)
+            assert sys.getswitchinterval() == before
+        assert BUCKETS == [8, 8, 8]
+        assert libc.mallopt_calls == [] and libc.trims > 0
+        monkeypatch.setenv(spill_mod.TUNE_ALLOCATOR_ENV, "1")  # the worker opts in: the one change it asked for
+        plan_chunks(log, str(path), chunk_size=1000)
+        assert libc.mallopt_calls == [(-3, spill_mod.MMAP_THRESHOLD)]
+        assert sys.getswitchinterval() == before
+    finally:
+        sys.setswitchinterval(previous)
