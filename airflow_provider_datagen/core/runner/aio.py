@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_datagen.core.runner.attempts import call_step_async
+from airflow_provider_datagen.core.runner.attempts import call_step_async, takes_request_slots
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
 from airflow_provider_datagen.core.runner.failures import CHUNK_STOPS
 from airflow_provider_datagen.core.runner.interpreter import COMPLETED, guarded
@@ -78,6 +78,10 @@ class AsyncDriver:
         inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | list[ItemContext]]] = {}
         plain = not guarded(shared)
         stop_pulling = shared.stop_pulling
+        # A budget and a rate limit the runner takes: an item's slot is awaited before its budget
+        # check, so an item that waited while the budget was reached does not start (threads.py too).
+        prepay = shared.before_attempt_async if stop_pulling is not None and not takes_request_slots(step) else None
+        slot_ready = False  # a slot taken for the next item to start
         stopped: DatagenError | None = None
         exhausted = False
         clean = False  # the batch holds whole acknowledgements only (the driver is between two of them)
@@ -111,6 +115,12 @@ class AsyncDriver:
                     clean = False
                     continue
                 if stopped is None and not exhausted and len(inflight) < self.concurrency:
+                    if prepay is not None and not slot_ready:
+                        clean = True  # between acknowledgements, as while waiting for a wake-up
+                        await prepay()
+                        clean = False
+                        slot_ready = True
+                        continue  # what finished while it waited is settled first
                     if stop_pulling is not None and stop_pulling():
                         exhausted = True  # a budget ran out: items in flight finish, no new one starts
                         continue
@@ -118,6 +128,9 @@ class AsyncDriver:
                     if job is None:
                         exhausted = True
                         continue
+                    if slot_ready:  # the item's call takes this slot (call_step_async)
+                        runner.prepaid_slots += 1
+                        slot_ready = False
                     self._start(job, fn, coord, plain, inflight, done, report)
                     continue
                 if not inflight:

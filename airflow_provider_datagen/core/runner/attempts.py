@@ -100,7 +100,10 @@ def call_step(
     own = takes_request_slots(step)
     hook = None if own else shared.before_attempt
     if hook is not None:
-        hook()
+        if interp.prepaid_slots:  # its thread took the slot before the budget check (threads.py)
+            interp.prepaid_slots -= 1
+        else:
+            hook()
     ctx = _new_ctx(interp, item, coord, own)
     calls.append(ctx)
     interp.report.invocations += 1
@@ -225,7 +228,10 @@ async def call_step_async(
     own = takes_request_slots(step)
     hook = None if own else shared.before_attempt_async
     if hook is not None:
-        await hook()
+        if interp.prepaid_slots:  # the driver took the slot before the budget check (aio.py)
+            interp.prepaid_slots -= 1
+        else:
+            await hook()
     ctx = _new_ctx(interp, item, coord, own)
     calls.append(ctx)
     interp.report.invocations += 1

@@ -67,6 +67,10 @@ class Interpreter:
         self.steps = 0
         #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out)
         self._known_children: set[str] = set() if known_children is None else known_children
+        #: rate-limit slots taken already for calls not yet made: with a budget, the threads and the
+        #: async driver take an item's slot before its budget check (threads.py, aio.py); a call
+        #: that finds one takes no slot of its own
+        self.prepaid_slots = 0
         if guarded(shared):
             # Bound once per interpreter, not tested per item: a run without a policy, a rate limit or
             # an async step keeps its path.

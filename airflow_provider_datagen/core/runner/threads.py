@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from airflow_provider_datagen.core.runner.attempts import takes_request_slots
 from airflow_provider_datagen.core.runner.commit import MIN_PULL, pulls
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.failures import CHUNK_STOPS, on_failure
@@ -321,6 +322,14 @@ class RootWorkers:
         report = worker.report
         get, fanout, leaf, go = self.jobs.get, shared.has_fanout, self.leaf, self.go
         stop = shared.stop_starting
+        # A budget and a rate limit the runner takes for a one-step process: the slot is waited for
+        # before the budget check, so an item whose thread waited while the budget was reached does
+        # not start (the wait may be seconds; the check after it is what bounds the overshoot).
+        prepay = (
+            shared.before_attempt
+            if stop is not None and type(shared.pipeline) is Step and not takes_request_slots(shared.pipeline)
+            else None
+        )
         while True:
             if not go.is_set():
                 go.wait()
@@ -328,6 +337,9 @@ class RootWorkers:
             if job is None or handoff.closed:  # never start user code after the run has ended
                 return
             index, item, src, create = job
+            if prepay is not None:
+                prepay()
+                worker.prepaid_slots = 1
             if stop is not None and stop():
                 # the budget was reached since the item was queued: checked here, in the thread that
                 # would start it, so no item starts after the run has seen it (the main thread's check
@@ -348,6 +360,7 @@ class RootWorkers:
                 # handed back whatever it is: a thread that died here would leave the main thread
                 # waiting for this item forever
                 outcome = (None, exc)
+            worker.prepaid_slots = 0  # an item acknowledged without a call leaves its slot unused
             batch, worker.batch = worker.batch, worker.new_batch()
             if outcome[1] is not None:
                 self.hold()

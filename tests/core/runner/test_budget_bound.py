@@ -150,3 +150,93 @@ def test_a_budget_stop_leaves_no_item_running_and_the_rest_never_started(
     more = run_items(log, items, again, epoch=2, budget_usd=10.0)
     assert not more.stopped_by_budget
     assert sorted(paid.calls + again.calls, key=int) == [str(i) for i in range(300)]
+
+
+@pytest.mark.parametrize("kind", ["threads", "async"])
+def test_an_item_that_waited_for_the_rate_limit_does_not_start_once_the_budget_is_reached(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Point 8 with a rate limit: the slot is waited for before the budget check, not after it.
+
+    The first slot goes to item 0, which alone reaches the budget; every other wait for a slot ends
+    only once the run has seen that (threads) or item 0's call has returned (async: the driver, which
+    takes the slots, settles it after the wait). Before, those threads had passed the budget check
+    already (the wait was inside the call) and started their items anyway.
+    """
+    from airflow_provider_datagen.core import RateLimit
+    from airflow_provider_datagen.core.runner import run as run_module
+
+    seen = threading.Event()
+    returned = threading.Event()
+    add = RunUsage.add
+
+    def spy(meter: RunUsage, records: Any) -> None:
+        add(meter, records)
+        if meter.tokens >= BUDGET_TOKENS:
+            seen.set()
+
+    monkeypatch.setattr(RunUsage, "add", spy)
+    opened = run_module.open_limiter
+    slots = {"n": 0}
+    lock = threading.Lock()
+
+    def open_waiting(*args: Any, **kwargs: Any) -> Any:
+        limiter = opened(*args, **kwargs)
+        acquire = limiter.acquire
+
+        def waiting_acquire(*a: Any, **kw: Any) -> Any:
+            with lock:
+                slots["n"] += 1
+                first = slots["n"] == 1
+            if not first:
+                assert seen.wait(30)
+            return acquire(*a, **kw)
+
+        acquire_async = limiter.acquire_async
+
+        async def waiting_acquire_async(*a: Any, **kw: Any) -> Any:
+            with lock:
+                slots["n"] += 1
+                first = slots["n"] == 1
+            # the loop's one thread: the wait ends once item 0's call returned (the driver settles
+            # it, and so sees the budget reached, after the wait)
+            while not first and not returned.is_set():
+                await asyncio.sleep(0.001)
+            if not first:
+                await asyncio.sleep(0.05)
+            return await acquire_async(*a, **kw)
+
+        limiter.acquire = waiting_acquire
+        limiter.acquire_async = waiting_acquire_async
+        return limiter
+
+    monkeypatch.setattr(run_module, "open_limiter", open_waiting)
+    calls: list[str] = []
+
+    def record(ctx: Any) -> dict[str, Any]:
+        calls.append(ctx.item_id)
+        ctx.record_usage(model="m", input_tokens=BUDGET_TOKENS, output_tokens=0)
+        returned.set()
+        return {"ok": True}
+
+    def sync_process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return record(ctx)
+
+    async def async_process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return record(ctx)
+
+    process = sync_process if kind == "threads" else async_process
+    log = open_log(tmp_path, "limited")
+    items = make_items(100)
+    report = run_items(
+        log,
+        items,
+        process,
+        concurrency=8,
+        budget_tokens=BUDGET_TOKENS,
+        rate_limit=RateLimit(100_000, key="budget-and-limit"),
+    )
+    assert report.stopped_by_budget
+    assert calls == ["0"]  # before: the 7 items waiting for a slot started after it
+    summary = status_of(log, items)
+    assert (summary["completed"], summary["running"], summary["never_started"]) == (1, 0, 99)
