@@ -77,6 +77,11 @@ PATIENT_WORKERS = {
     "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10",
     # Every task parses its DAG file first; six of them starting at once on 2 busy cores exceed 30 s.
     "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "180",
+    # The scheduler fails a scheduler job whose heartbeat is older than this (its own included) and
+    # resets the task instances it had queued; a LocalExecutor workload then finds its task instance
+    # no longer queued and fails before it starts (no hostname, an empty log). A scheduler loop on 2
+    # loaded cores can lag past the default 30 s; the stack never kills its scheduler.
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "300",
 }
 
 _INSTALL = {

@@ -34,6 +34,17 @@ class CeleryClient(AirflowClient):
         self.boot_seconds = 0.0
         self._http.timeout = 120.0  # a loaded single-process api-server answers slowly, not wrongly
 
+    def failures(self, dag_id: str, run_id: str, lines: int = 25) -> str:
+        """The failed task instances with their logs, and what the scheduler logged about the run's failures.
+
+        A try that failed before its task process started (an Execution API call that timed out, a
+        LocalExecutor workload that raised) has an empty task log: the cause is in the scheduler's.
+        """
+        found = super().failures(dag_id, run_id, lines)
+        if found.startswith("(no failed"):
+            return found
+        return found + "\n" + scheduler_evidence(self.cluster.settings.logs / "scheduler.log", run_id)
+
     def add_dag_file(self, src: Path | str, name: str) -> Path:
         text = src if isinstance(src, str) and "\n" in src else Path(src).read_text()
         self.cluster.add_dag_file(name, text)
@@ -74,6 +85,32 @@ class CeleryDag:
 
     def writer_id(self, run_id: str, map_index: int) -> str:
         return f"{self.dag_id}/{run_id}/generate/{map_index}"
+
+
+#: what, on a scheduler log line about a run, says why a task instance failed
+_FAILURE_WORDS = ("fail", "error", "heartbeat", "queued", "timed out", "timeout", "killed", "sigkill")
+
+
+def scheduler_evidence(path: Path, run_id: str, most: int = 80) -> str:
+    """The scheduler log's lines about ``run_id``'s failures, and every LocalExecutor workload traceback."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return f"(no scheduler log at {path})"
+    picked: list[str] = []
+    follow = 0
+    for line in text:
+        low = line.lower()
+        if "workload execution failed" in low:
+            follow = 25  # the traceback that follows names the cause
+            picked.append(line)
+        elif follow:
+            follow -= 1
+            picked.append(line)
+        elif run_id in line and any(word in low for word in _FAILURE_WORDS):
+            picked.append(line)
+    body = "\n".join(f"    {line}" for line in picked[-most:]) or "    (nothing)"
+    return f"- the scheduler log ({path}) on this run's failures:\n{body}"
 
 
 def install(client: CeleryClient, dag_id: str, *, experiment: str | None = None, **knobs: Any) -> CeleryDag:
