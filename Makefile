@@ -51,7 +51,7 @@ format: $(STAMP)
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, so "no tests" never passes.
 test: $(STAMP) chromium redis postgres lint docs
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=30 $(PYTEST_ARGS)
 
 # Everything but the end-to-end (celery included) and slow tests (no Airflow components, no long crash schedules).
 unit: $(STAMP) redis
