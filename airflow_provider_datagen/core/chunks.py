@@ -232,7 +232,7 @@ def _plan_path_chunks(
         planned = partitioned_plan.plan_partitioned(
             log, ref, key_field, itertools.chain(head, batches), processor_version, redo_completed, source_rows=rows
         )
-        removed = None  # not listed: the log's ids against 10M source ids would be the plan's memory again
+        removed = planned.removed_ids  # each bucket's unmatched log items (None: too many to list)
     else:
         scanned = gather(ref, key_field, head)
         planned = _plan_in_memory(log, scanned, processor_version, redo_completed)

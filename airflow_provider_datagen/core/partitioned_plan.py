@@ -62,6 +62,9 @@ PARTITION_ROWS = 1 << 19
 ITEMS_PER_BUCKET = 1 << 18
 EVENTS_PER_BUCKET = 1 << 21
 MAX_BUCKETS = 1024
+#: The most removed items (log items the source no longer holds) a partitioned plan lists: the source
+#: record holds them, and a source replaced whole would make the list the size of the log.
+REMOVED_LISTED = 1 << 17
 
 
 @dataclass
@@ -73,6 +76,8 @@ class PathPlan:
     pending_pos: np.ndarray
     #: JSONL: each pending row's byte offset (aligned with ``pending_pos``)
     pending_offsets: np.ndarray | None
+    #: the log's root items the source does not hold, sorted (None: more than :data:`REMOVED_LISTED`)
+    removed_ids: tuple[str, ...] | None = None
 
 
 def take_head(batches: Iterator[ScannedBatch], rows: int) -> tuple[list[ScannedBatch], bool]:
@@ -135,6 +140,9 @@ class _Collected:
     counts: dict[str, int] = field(default_factory=dict)
     by_version: dict[str, int] = field(default_factory=dict)
     failed_sample: list[str] = field(default_factory=list)
+    #: per bucket, the log's root items no source row matched (None: too many to list)
+    removed: list[pa.Array] | None = field(default_factory=list)
+    removed_count: int = 0
 
 
 @short_gil_turns()
@@ -268,6 +276,7 @@ def _classify_bucket(
     acc.failed_sample = sorted([*acc.failed_sample, *summary["failed_item_ids"]])[:FAILED_SAMPLE]
     n = mine.num_rows
     if not n:
+        _collect_removed(acc, states, np.zeros(states.num_rows, bool))
         return
     ids = mine.column("id").chunk(0)
     fps = mine.column("fp").chunk(0)
@@ -276,6 +285,9 @@ def _classify_bucket(
     index = rows_of(states, ids)
     match = match_states(n, lambda rows: fps.take(pa.array(rows)), states, index)
     del index
+    held = np.zeros(states.num_rows, bool)
+    held[match.pick[match.found]] = True
+    _collect_removed(acc, states, held)
     cls, kept = classes(match, states, processor_version, redo_completed)
     for version, count in kept.items():
         acc.kept[version] = acc.kept.get(version, 0) + count
@@ -302,6 +314,24 @@ def _classify_bucket(
                 acc.by_version[version] = acc.by_version.get(version, 0) + count
         else:
             acc.counts[key] = acc.counts.get(key, 0) + value
+
+
+def _collect_removed(acc: _Collected, states: pa.Table, held: np.ndarray) -> None:
+    """Keep the bucket's root items that no source row matched (``held``): the source's removed items.
+
+    An item's bucket is a function of its id, so an item the source still holds is matched in its own
+    bucket. Past :data:`REMOVED_LISTED` ids the list is dropped (a replaced source), and counts and
+    exports read the recorded path instead.
+    """
+    if acc.removed is None or not states.num_rows or held.all():
+        return
+    ids = states["item_id"].take(pa.array(np.flatnonzero(~held)))
+    roots = pc.filter(ids, pc.equal(pc.count_substring(ids, "/"), 0))
+    acc.removed_count += len(roots)
+    if acc.removed_count > REMOVED_LISTED:
+        acc.removed = None
+        return
+    acc.removed.append(roots.combine_chunks() if isinstance(roots, pa.ChunkedArray) else roots)
 
 
 def status_counts(states: pa.Table, match: StateMatch) -> dict[str, Any]:
@@ -365,7 +395,12 @@ def _assemble(log: CheckpointLog, acc: _Collected, n: int, jsonl: bool) -> PathP
     )
     for key in ("completed", "filtered", "running", "never_started", "invalidated", "pending"):
         status.setdefault(key, 0)
-    return PathPlan(plan, status, np.concatenate(positions), np.concatenate(offsets) if jsonl else None)
+    removed = None
+    if acc.removed is not None:
+        removed = tuple(sorted(pa.concat_arrays(acc.removed).to_pylist())) if acc.removed else ()
+    return PathPlan(
+        plan, status, np.concatenate(positions), np.concatenate(offsets) if jsonl else None, removed_ids=removed
+    )
 
 
 _NAMES = {CLS_REPLAY: "replay", CLS_DEMOTED: "demoted", CLS_INVALIDATED: "invalidated", CLS_FRESH: "fresh"}

@@ -283,3 +283,55 @@ def test_a_partitioned_plan_leaves_the_switch_interval_and_the_allocator_as_it_f
         assert sys.getswitchinterval() == before
     finally:
         sys.setswitchinterval(previous)
+
+
+def test_a_partitioned_plan_lists_the_removed_items_as_the_in_memory_plan_does(
+    tmp_path: Path, partitioned: None
+) -> None:
+    """Results follow the source for a large path source too (issue 24, point 6).
+
+    Before, a partitioned plan listed no removed items: the counts stayed over the log, so a deleted
+    row stayed in ``log.summary()`` (and the status) after the plan.
+    """
+    import json
+
+    from airflow_provider_datagen.core import export_results, run_items
+
+    rows = [{"id": f"{i:05d}", "text": f"prompt {i}"} for i in range(3000)]
+    log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e", auto_maintain_fragments=None)
+    run_items(log, rows, lambda item, ctx: {"answer": item["text"].upper()})
+    gone = {"00007", "01234", "02999"}
+    kept = [r for r in rows if r["id"] not in gone]
+    path = tmp_path / "source.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    BUCKETS.clear()
+    result = plan_chunks(log, str(path))
+    assert len(BUCKETS) == 1 and BUCKETS[0] >= 2  # planned in buckets
+    assert result.removed_ids == tuple(sorted(gone))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(part_mod, "PARTITION_ROWS", 1 << 40)
+        memory = plan_chunks(log, str(path))
+    assert memory.removed_ids == result.removed_ids
+    assert result.status == memory.status
+    summary = log.summary()
+    assert (summary["total"], summary["completed"], summary["removed"]) == (2997, 2997, 3)
+    out = export_results(log, str(tmp_path / "out.lance"))
+    assert (out["rows"], out["removed"]) == (2997, 3)
+
+
+def test_a_partitioned_plan_past_the_listing_bound_lists_none(
+    tmp_path: Path, partitioned: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from airflow_provider_datagen.core import run_items
+
+    rows = [{"id": f"{i:05d}", "text": f"prompt {i}"} for i in range(1200)]
+    log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e", auto_maintain_fragments=None)
+    run_items(log, rows[:200], lambda item, ctx: {"answer": item["text"]})
+    path = tmp_path / "source.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[100:]))  # 100 done items removed
+    monkeypatch.setattr(part_mod, "REMOVED_LISTED", 99)
+    assert plan_chunks(log, str(path)).removed_ids is None
+    monkeypatch.setattr(part_mod, "REMOVED_LISTED", 100)
+    assert plan_chunks(log, str(path)).removed_ids == tuple(r["id"] for r in rows[:100])
