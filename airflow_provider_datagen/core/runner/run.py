@@ -282,6 +282,7 @@ def run_items(
                     tick()
         runner.flush()
         writer.sync()  # every acknowledgement has landed before the report is returned
+        log.mark_version()  # a new reader of a log rolled back behind this run refuses it
         if meter is not None and meter.stopped is not None:
             report.stopped_by_budget = True
             logger.warning(

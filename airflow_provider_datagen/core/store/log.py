@@ -42,7 +42,17 @@ from airflow_provider_datagen.core.schema import (
 )
 from airflow_provider_datagen.core.sources import snapshot_digest
 from airflow_provider_datagen.core.status import summarize
-from airflow_provider_datagen.core.store import epochs, identity, lance_io, ledger, maintenance, projection, rows, tally
+from airflow_provider_datagen.core.store import (
+    epochs,
+    identity,
+    lance_io,
+    ledger,
+    maintenance,
+    projection,
+    rows,
+    tally,
+    version_mark,
+)
 from airflow_provider_datagen.core.store.batch import check_item_id
 from airflow_provider_datagen.core.store.paths import is_local, local_path, log_uri, projection_uri, snapshot_uri
 from airflow_provider_datagen.core.store.writer import Committer, LogWriter
@@ -283,6 +293,9 @@ class CheckpointLog:
 
     def _adopt(self, ds: lance.LanceDataset) -> lance.LanceDataset:
         """Read ``ds`` from now on: another dataset at the URI resets every cache; an older version is damage."""
+        if not self._identity.known or lance_io.log_id(ds) != self._identity.log_id:
+            # a first read of this dataset: only the version mark knows how far runs took it
+            version_mark.check_mark(self.uri, self.storage_options, lance_io.log_id(ds), int(ds.version))
         if self._identity.adopt(ds):
             self._forget("another dataset is at its URI (deleted and created again)")
             self._check_schema(ds)
@@ -450,6 +463,11 @@ class CheckpointLog:
         highest epoch in the log as its floor.
         """
         return epochs.claim_epoch(self.uri, self.storage_options, self.max_epoch() + 1)
+
+    def mark_version(self) -> None:
+        """Record beside the log the version it is at: a new reader refuses a lower one (:mod:`.version_mark`)."""
+        if self.exists():
+            version_mark.raise_mark(self.uri, self.storage_options, self.log_id, self.version)
 
     def max_epoch(self) -> int:
         """The highest ``writer_epoch`` in the log, 0 when empty (claimed epochs not yet written aside).

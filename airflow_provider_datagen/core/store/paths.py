@@ -30,6 +30,8 @@ LEASE_OBJECT = ".maintenance.lease"
 #: The last epoch claimed (core/store/epochs.py): a file under a flock locally, an object under a lease on a store.
 EPOCH_FILE = ".epoch"
 EPOCH_LEASE_OBJECT = ".epoch.lease"
+#: The highest log version a run ended at (core/store/version_mark.py): a rollback is refused by a new reader.
+VERSION_MARK_FILE = ".version"
 
 
 def is_local(uri: str) -> bool:
@@ -75,6 +77,11 @@ def usage_projection_uri(log_uri: str) -> str:
 def epoch_uri(log_uri: str) -> str:
     """The URI of the experiment's last claimed epoch (see :data:`EPOCH_FILE`)."""
     return f"{experiment_uri(log_uri)}/{EPOCH_FILE}"
+
+
+def version_mark_uri(log_uri: str) -> str:
+    """The URI of the highest version a run of the log ended at (see :data:`VERSION_MARK_FILE`)."""
+    return f"{experiment_uri(log_uri)}/{VERSION_MARK_FILE}"
 
 
 def snapshot_uri(log_uri: str, digest: str) -> str:
