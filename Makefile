@@ -51,11 +51,11 @@ format: $(STAMP)
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, so "no tests" never passes.
 test: $(STAMP) chromium redis postgres lint docs
-	$(BIN)/python -m pytest -ra --durations=30 $(PYTEST_ARGS)
+	DATAGEN_HYPOTHESIS_PROFILE=full $(BIN)/python -m pytest -ra --durations=30 $(PYTEST_ARGS)
 
 # Everything but the end-to-end (celery included) and slow tests (no Airflow components, no long crash schedules).
 unit: $(STAMP) redis
-	$(BIN)/python -m pytest -ra -m "not e2e and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra -n 2 --dist worksteal -m "not e2e and not slow" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m dev.demo

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -51,6 +52,13 @@ os.environ.update(
         "AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME": "5",
     }
 )
+
+
+# `make unit` (the inner loop) runs "quick", `make test` "full" (Hypothesis's defaults). A test's own
+# @settings(max_examples=...) wins over either profile: the profile sizes only the tests that leave it unset.
+settings.register_profile("full")
+settings.register_profile("quick", max_examples=20)
+settings.load_profile(os.environ.get("DATAGEN_HYPOTHESIS_PROFILE", "quick"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
