@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
@@ -59,6 +59,32 @@ os.environ.update(
 settings.register_profile("full")
 settings.register_profile("quick", max_examples=20)
 settings.load_profile(os.environ.get("DATAGEN_HYPOTHESIS_PROFILE", "quick"))
+
+
+class _WorkerSummaryLines:
+    """Prints the ``summary_lines`` xdist workers hand back (see test_hostile_input.py's tally).
+
+    Under ``make unit``'s xdist a plugin registered by a test module lives in a worker, whose terminal summary
+    is dropped; the worker puts its lines in ``config.workeroutput`` and the controller prints them here.
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        worker = node.workerinput.get("workerid", "?")
+        self.lines += [f"[{worker}] {line}" for line in node.workeroutput.get("summary_lines", [])]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for line in self.lines:
+            terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own pytest_configure has registered its dsession
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("dsession"):  # the xdist controller (a worker has no dsession)
+        config.pluginmanager.register(_WorkerSummaryLines(), "datagen-worker-summary-lines")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -815,10 +815,17 @@ class _Tally:
             self.tried += 1
             self.passed += report.passed
 
+    def line(self) -> str:
+        return f"hostile input: {self.tried} cases tried, {self.passed} passed (of {len(CASES)} in the table)"
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # An xdist worker's terminal summary is never shown: hand the line to the controller (tests/conftest.py).
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput.setdefault("summary_lines", []).append(self.line())
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.write_line(
-            f"hostile input: {self.tried} cases tried, {self.passed} passed (of {len(CASES)} in the table)"
-        )
+        terminalreporter.write_line(self.line())
 
 
 @pytest.fixture(scope="module", autouse=True)
