@@ -131,6 +131,12 @@ class FakeOpenAI:
             self._thread.join(timeout=10)
 
 
+class _Server(ThreadingHTTPServer):
+    #: the listen backlog: http.server's 5 drops the connects of a burst of concurrent clients on a
+    #: loaded machine, and a client whose connect timed out sent a request the server never saw
+    request_queue_size = 128
+
+
 def _last_user_text(body: dict[str, Any]) -> str:
     for message in reversed(body.get("messages") or []):
         if message.get("role") == "user":
@@ -170,7 +176,7 @@ def start(**behaviour: Any) -> FakeOpenAI:
         def log_message(self, format: str, *args: Any) -> None:
             pass  # keep the test output clean
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = _Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     fake._server = server
     fake._thread = threading.Thread(target=server.serve_forever, name="fake-openai", daemon=True)
