@@ -153,7 +153,8 @@ def record_plan_source(
     storage_option_names: Sequence[str] = (),
 ) -> SourceRef:
     """Record beside the log the source a plan read (``planned``: :func:`~.chunks.plan_chunks`); returns the record."""
-    first = planned.chunks[0] if planned.chunks else {}
+    # the first spec only: encoding every chunk's ids (planned.chunks) to read one field would copy them all
+    first = planned.specs[0] if planned.specs else None
     ref = plan_source_ref(
         log,
         source,
@@ -162,7 +163,7 @@ def record_plan_source(
         redo_completed=redo_completed,
         log_version=planned.plan.log_version,
         items=planned.plan.total,
-        snapshot=str(first["source"]) if first.get("snapshot") else None,
+        snapshot=first.source if first is not None and first.snapshot else None,
         conn_id=conn_id,
         storage_option_names=storage_option_names,
     )

@@ -131,7 +131,7 @@ class DatagenPlanOperator(DatagenBaseOperator):
             record=False,  # recorded below, with the connection's names, and a failure only logged
         )
         self.log.info(
-            "plan: %s; %d chunk(s) of up to %d items", result.plan.as_dict(), len(result.chunks), result.chunk_size
+            "plan: %s; %d chunk(s) of up to %d items", result.plan.as_dict(), len(result.specs), result.chunk_size
         )
         kept = result.plan.kept_other_version
         if kept:

@@ -293,9 +293,10 @@ class CheckpointLog:
 
     def _adopt(self, ds: lance.LanceDataset) -> lance.LanceDataset:
         """Read ``ds`` from now on: another dataset at the URI resets every cache; an older version is damage."""
-        if not self._identity.known or lance_io.log_id(ds) != self._identity.log_id:
+        log_id = lance_io.log_id(ds)
+        if not self._identity.known or log_id != self._identity.log_id:
             # a first read of this dataset: only the version mark knows how far runs took it
-            version_mark.check_mark(self.uri, self.storage_options, lance_io.log_id(ds), int(ds.version))
+            version_mark.check_mark(self.uri, self.storage_options, log_id, int(ds.version))
         if self._identity.adopt(ds):
             self._forget("another dataset is at its URI (deleted and created again)")
             self._check_schema(ds)
