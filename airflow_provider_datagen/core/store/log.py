@@ -13,6 +13,8 @@ ledger and snapshot methods are one-line delegations kept here so users have one
 
 from __future__ import annotations
 
+import contextlib
+
 import datetime as dt
 import logging
 import os
@@ -296,7 +298,9 @@ class CheckpointLog:
         log_id = lance_io.log_id(ds)
         if not self._identity.known or log_id != self._identity.log_id:
             # a first read of this dataset: only the version mark knows how far runs took it
-            version_mark.check_mark(self.uri, self.storage_options, log_id, int(ds.version))
+            version_mark.check_mark(
+                self.uri, self.storage_options, log_id, int(ds.version), refresh=lambda: _latest_version(ds)
+            )
         if self._identity.adopt(ds):
             self._forget("another dataset is at its URI (deleted and created again)")
             self._check_schema(ds)
@@ -786,3 +790,10 @@ _append_with_retries = tenacity.retry(
     wait=tenacity.wait_random_exponential(multiplier=1.0, max=10.0),
     reraise=True,
 )(lambda table, ds, storage_options: lance_io.append_table(table, ds, EVENT_SCHEMA, storage_options))
+
+
+def _latest_version(ds: lance.LanceDataset) -> int:
+    """``ds`` checked out at the latest version, which it stays at; its old version if it cannot be."""
+    with contextlib.suppress(OSError, ValueError):  # deleted since it was opened: the caller refuses what it has
+        ds.checkout_latest()
+    return int(ds.version)

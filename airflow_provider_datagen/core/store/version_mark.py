@@ -18,9 +18,13 @@ import fcntl
 import json
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from airflow_provider_datagen.core.store.paths import is_local, local_path, object_store_fs, version_mark_uri
 from airflow_provider_datagen.exceptions import LogCorruptedError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +101,29 @@ def _raise_local(path: str, log_id: str, version: int) -> None:
         os.close(fd)
 
 
-def check_mark(log_uri: str, storage_options: dict[str, str] | None, log_id: str | None, version: int) -> None:
-    """Refuse the log ``log_id`` at ``version`` when a run of this same dataset ended at a higher one."""
+def check_mark(
+    log_uri: str,
+    storage_options: dict[str, str] | None,
+    log_id: str | None,
+    version: int,
+    refresh: Callable[[], int] | None = None,
+) -> None:
+    """Refuse the log ``log_id`` at ``version`` when a run of this same dataset ended at a higher one.
+
+    ``version`` was read before the mark, so a run that ended in between (other writers committing
+    and one of them raising the mark) makes it look behind although nothing is missing. ``refresh``
+    reads the latest version again, now after the mark was read: only a version still below the
+    mark then is a log rolled back.
+    """
     if log_id is None:
         return
     mark = read_mark(log_uri, storage_options)
     if mark is None or mark[0] != log_id or mark[1] <= version:
         return
+    if refresh is not None:
+        version = refresh()
+        if mark[1] <= version:
+            return
     raise LogCorruptedError(
         f"{log_uri} is at version {version} but a run of this same log ended at version {mark[1]} "
         f"(recorded in {version_mark_uri(log_uri)}): the manifest of version {mark[1]} (and any after it) "

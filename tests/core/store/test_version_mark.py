@@ -82,3 +82,27 @@ def test_a_damaged_mark_is_ignored(tmp_path: Path, raw: bytes) -> None:
     with open(local_path(version_mark_uri(log.uri)), "wb") as fh:
         fh.write(raw)
     assert open_log(tmp_path, "damaged").summary()["completed"] == 3
+
+
+def test_a_run_that_ends_between_opening_the_log_and_reading_the_mark_is_no_rollback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in CI with eight writers: one opened the log at version 3, and before it read the mark
+    another writer committed three times and ended its run at version 6; the first writer refused
+    a log that had lost nothing. Only a version read after the mark counts."""
+    log = open_log(tmp_path, "race")
+    run_items(log, make_items(3), _calls()[1])
+    real_read = version_mark.read_mark
+    raced: list[int] = []
+
+    def read_after_a_run_ends(uri: str, options: Any) -> Any:
+        if not raced:  # the first read of the mark by the new reader: another run ends just before it
+            run_items(log, make_items(6), _calls()[1], epoch=2)
+            raced.append(log.version)
+        return real_read(uri, options)
+
+    monkeypatch.setattr(version_mark, "read_mark", read_after_a_run_ends)
+    other = open_log(tmp_path, "race")
+    opened_at = other.version  # opens the log, then reads the mark, which is now ahead of what it opened
+    assert raced and opened_at == raced[0] == version_mark.read_mark(log.uri, None)[1]  # type: ignore[index]
+    assert other.summary()["completed"] == 6
