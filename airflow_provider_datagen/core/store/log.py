@@ -14,7 +14,6 @@ ledger and snapshot methods are one-line delegations kept here so users have one
 from __future__ import annotations
 
 import contextlib
-
 import datetime as dt
 import logging
 import os
