@@ -68,9 +68,7 @@ class StepKind(str, enum.Enum):
         return self.value
 
 
-DRIVER_KINDS = frozenset({StepKind.SEQUENCE, StepKind.LOOP, StepKind.STEP})
 FANOUT_KINDS = frozenset({StepKind.MAP_REDUCE, StepKind.BRANCH, StepKind.SUB_PIPELINE})
-SELECTOR_KINDS = frozenset({StepKind.CONDITIONAL, StepKind.ROUTER})
 
 VALUE_KIND_JSON = "json"
 VALUE_KIND_BYTES = "bytes"

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_datagen.core.events import Event
 
+#: USD are summed as integer nano-dollars: sums are exact and independent of order (the budget too)
 NANOS = 1_000_000_000
 #: the most one stored entry's count (tokens, calls, requests) is read as
 MAX_COUNT = 10**15

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from airflow_provider_datagen.core.fold.usage import NANOS
 from airflow_provider_datagen.exceptions import bad_argument
 
 if TYPE_CHECKING:
@@ -34,8 +35,6 @@ COMMIT_SECONDS = 0.5
 NEAR = 0.8
 #: a read of the log's spend waits at least this many times as long as the last one took
 READ_SHARE = 10
-#: USD are summed as integer nano-dollars: sums are exact and independent of order
-NANOS = 1_000_000_000
 
 
 def to_nanos(usd: float | None) -> int:
