@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -22,21 +21,14 @@ from airflow_provider_datagen.core import partitioned_plan
 from airflow_provider_datagen.core.chunk_spec import FORMAT_KEY, ChunkSpec
 from airflow_provider_datagen.core.events import decode_source_json
 from airflow_provider_datagen.core.ids import key_of, root_item_id
+from airflow_provider_datagen.core.plan.assemble import assemble, part_of, status_counts
 from airflow_provider_datagen.core.planner import (
-    CLS_DEMOTED,
-    CLS_FRESH,
-    CLS_INVALIDATED,
-    CLS_REPLAY,
-    CLS_SKIP,
-    PENDING_ORDER,
     REDO_NEVER,
     ResumePlan,
-    _ints,
     check_redo_completed,
     classes,
-    classify,
+    classify_with_status,
     match_states,
-    status_of,
 )
 from airflow_provider_datagen.core.source_scan import (
     ScannedSource,
@@ -136,8 +128,8 @@ def _plan_list_chunks(
     states = log.states()
     # the mapped tasks read the log next: with the fold stored, they read it and the events since
     log.refresh_projection()
-    plan = classify(items, states, processor_version, log.version, redo_completed=redo_completed)
-    status = status_of(log, items, key_field, states=states)
+    # one match of the items to the states: the plan's classes and the status's counts are both read from it
+    plan, status = classify_with_status(log, items, states, processor_version, redo_completed=redo_completed)
     pending = plan.pending
     size = _size(len(pending), chunk_size, max_chunks)
     ref = log.write_source_snapshot(items) if pending else ""
@@ -271,31 +263,16 @@ def _plan_in_memory(
     n = len(scanned.ids)
     states, rows_in_states = log.states_for(scanned.ids)
     log.refresh_projection()
-    plan = ResumePlan(log_version=log.version)
     fps = scanned.fingerprints
     match = match_states(n, lambda rows: fps.take(pa.array(rows)), states, rows_in_states)
     del rows_in_states
-    cls, plan.kept_other_version = classes(match, states, processor_version, redo_completed)
-    # positions of the pending classes only: the skipped ones are counted (9.5M of 10M items: 76 MB)
-    by_class = {c: np.flatnonzero(cls == c) for c in PENDING_ORDER}
-    ids_of = {c: scanned.ids.take(pa.array(rows)).to_pylist() for c, rows in by_class.items()}
-    plan.replay, plan.demoted = ids_of[CLS_REPLAY], ids_of[CLS_DEMOTED]
-    plan.invalidated, plan.fresh = ids_of[CLS_INVALIDATED], ids_of[CLS_FRESH]
-    plan.skip_count = int(np.count_nonzero(cls == CLS_SKIP))
-    replay = by_class[CLS_REPLAY]
-    if len(replay) and states.num_rows:
-        failures = _ints(pc.take(states["failures"], pa.array(match.pick[replay])))
-        plan.failed = [plan.replay[i] for i in np.flatnonzero(failures > 0).tolist()]
-    pending_pos = np.concatenate([by_class[c] for c in PENDING_ORDER])
-    found = np.flatnonzero(match.found[pending_pos])
-    if len(found):
-        seqs = pc.take(states["last_seq"], pa.array(match.pick[pending_pos[found]])).to_pylist()
-        pending_ids = plan.pending
-        plan.last_seq = {pending_ids[i]: s for i, s in zip(found.tolist(), seqs)}
+    cls, kept = classes(match, states, processor_version, redo_completed)
+    # the pending classes only are listed: the skipped ones are counted (9.5M of 10M items: 76 MB)
+    part = part_of(cls, match, states, scanned.ids, kept=kept, offs=scanned.offsets)
+    assembled = assemble([part], log_version=log.version)
     status = log.summary(states)
-    status.update(partitioned_plan.status_counts(states, match))
-    offsets = None if scanned.offsets is None else scanned.offsets[pending_pos]
-    return partitioned_plan.PathPlan(plan, status, pending_pos, offsets)
+    status.update(status_counts(states, match))
+    return partitioned_plan.PathPlan(assembled.plan, status, assembled.pending_pos, assembled.pending_offsets)
 
 
 def _prepare_chunk_rows(rows: list[Any], key_field: str, ids: list[Any]) -> list[SourceItem]:

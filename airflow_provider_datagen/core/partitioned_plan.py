@@ -25,20 +25,8 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
 from airflow_provider_datagen.core.gil import short_gil_turns
-from airflow_provider_datagen.core.planner import (
-    CLS_DEMOTED,
-    CLS_FRESH,
-    CLS_INVALIDATED,
-    CLS_REPLAY,
-    CLS_SKIP,
-    PENDING_ORDER,
-    ResumePlan,
-    StateMatch,
-    _ints,
-    classes,
-    match_states,
-)
-from airflow_provider_datagen.core.schema import ItemStatus
+from airflow_provider_datagen.core.plan.assemble import Part, assemble, part_of, status_counts
+from airflow_provider_datagen.core.plan.rules import ResumePlan, classes, ints, match_states
 from airflow_provider_datagen.core.source_scan import ScannedBatch, check_unique
 from airflow_provider_datagen.core.spill import (
     GIVE_BACK_EVERY,
@@ -47,7 +35,7 @@ from airflow_provider_datagen.core.spill import (
     buckets_of,
     give_back_memory,
 )
-from airflow_provider_datagen.core.status import FAILED_SAMPLE, item_counts, summarize, version_counts
+from airflow_provider_datagen.core.status import FAILED_SAMPLE, summarize
 from airflow_provider_datagen.core.store.projection import ProjectionUnreadable, rows_of
 
 if TYPE_CHECKING:
@@ -55,6 +43,9 @@ if TYPE_CHECKING:
 
     from airflow_provider_datagen.core.store.log import CheckpointLog
     from airflow_provider_datagen.core.store.projection import FoldStreams
+
+# ``status_counts`` is imported for this module's callers too: it was defined here before core/plan/.
+__all__ = ["PathPlan", "bucket_count", "plan_partitioned", "status_counts", "take_head"]
 
 #: Source rows above which a path source is planned in buckets (below it, in memory: faster).
 PARTITION_ROWS = 1 << 19
@@ -130,13 +121,7 @@ def _spill_source(spill: Spill, batches: Iterable[ScannedBatch], k: int) -> tupl
 class _Collected:
     """What the buckets hand on: pending rows per class, and the counts the status needs."""
 
-    pos: dict[int, list[np.ndarray]] = field(default_factory=lambda: {c: [] for c in PENDING_ORDER})
-    ids: dict[int, list[pa.Array]] = field(default_factory=lambda: {c: [] for c in PENDING_ORDER})
-    offs: dict[int, list[np.ndarray]] = field(default_factory=lambda: {c: [] for c in PENDING_ORDER})
-    last_seq: dict[int, list[np.ndarray]] = field(default_factory=lambda: {c: [] for c in PENDING_ORDER})
-    failed: list[np.ndarray] = field(default_factory=list)  # per replay row (in pos order per bucket)
-    skip: int = 0
-    kept: dict[str, int] = field(default_factory=dict)
+    parts: list[Part] = field(default_factory=list)  # each bucket's pending rows (see core/plan/assemble.py)
     counts: dict[str, int] = field(default_factory=dict)
     by_version: dict[str, int] = field(default_factory=dict)
     failed_sample: list[str] = field(default_factory=list)
@@ -280,8 +265,8 @@ def _classify_bucket(
         return
     ids = mine.column("id").chunk(0)
     fps = mine.column("fp").chunk(0)
-    pos = _ints(mine.column("pos"))
-    offs = _ints(mine.column("off")) if jsonl else None
+    pos = ints(mine.column("pos"))
+    offs = ints(mine.column("off")) if jsonl else None
     index = rows_of(states, ids)
     match = match_states(n, lambda rows: fps.take(pa.array(rows)), states, index)
     del index
@@ -289,25 +274,7 @@ def _classify_bucket(
     held[match.pick[match.found]] = True
     _collect_removed(acc, states, held)
     cls, kept = classes(match, states, processor_version, redo_completed)
-    for version, count in kept.items():
-        acc.kept[version] = acc.kept.get(version, 0) + count
-    acc.skip += int(np.count_nonzero(cls == CLS_SKIP))
-    for c in PENDING_ORDER:
-        rows = np.flatnonzero(cls == c)
-        if not len(rows):
-            continue
-        acc.pos[c].append(pos[rows])
-        acc.ids[c].append(ids.take(pa.array(rows)))
-        if offs is not None:
-            acc.offs[c].append(offs[rows])
-        seq = np.full(len(rows), -1, np.int64)
-        found = match.found[rows]
-        if found.any() and states.num_rows:
-            seq[found] = _ints(pc.take(states["last_seq"], pa.array(match.pick[rows[found]])))
-        acc.last_seq[c].append(seq)
-        if c == CLS_REPLAY:
-            failures = _ints(pc.take(states["failures"], pa.array(match.pick[rows])))
-            acc.failed.append(failures > 0)
+    acc.parts.append(part_of(cls, match, states, ids, kept=kept, pos=pos, offs=offs))
     for key, value in status_counts(states, match).items():
         if key == "completed_by_version":
             for version, count in value.items():
@@ -334,58 +301,10 @@ def _collect_removed(acc: _Collected, states: pa.Table, held: np.ndarray) -> Non
     acc.removed.append(roots.combine_chunks() if isinstance(roots, pa.ChunkedArray) else roots)
 
 
-def status_counts(states: pa.Table, match: StateMatch) -> dict[str, Any]:
-    """The source's counts in the ``datagen_status`` dict (what :func:`~.planner.status_of` counts)."""
-    cls, _ = classes(match, states, None)  # status_of's view: no version demotes anything
-    done = np.flatnonzero(cls == CLS_SKIP)
-    completed = filtered = 0
-    by_version: dict[str, int] = {}
-    if len(done):
-        picked = pa.array(match.pick[done])
-        st = pc.take(states["status"], picked)
-        is_completed = pc.equal(st, ItemStatus.COMPLETED.value)
-        completed = int(pc.sum(is_completed).as_py() or 0)
-        filtered = int(pc.sum(pc.equal(st, ItemStatus.FILTERED.value)).as_py() or 0)
-        versions = pc.filter(pc.take(states["processor_version"], picked), is_completed)
-        by_version = version_counts(versions)
-    return dict(
-        item_counts(
-            total=len(cls),
-            completed=completed,
-            completed_by_version=by_version,
-            filtered=filtered,
-            running=int(np.count_nonzero(cls == CLS_REPLAY) + np.count_nonzero(cls == CLS_DEMOTED)),
-            never_started=int(np.count_nonzero(cls == CLS_FRESH)),
-            invalidated=int(np.count_nonzero(cls == CLS_INVALIDATED)),
-        )
-    )
-
-
 def _assemble(log: CheckpointLog, acc: _Collected, n: int, jsonl: bool) -> PathPlan:
     """The buckets' pending rows merged into source order per class, and the plan and status of them all."""
-    plan = ResumePlan(log_version=log.version, skip_count=acc.skip)
-    plan.kept_other_version = dict(sorted(acc.kept.items()))
-    positions, offsets, seqs = [], [], []
-    for c in PENDING_ORDER:
-        if not acc.pos[c]:
-            positions.append(np.zeros(0, np.int64))
-            offsets.append(np.zeros(0, np.int64))
-            seqs.append(np.zeros(0, np.int64))
-            continue
-        pos = np.concatenate(acc.pos[c])
-        order = np.argsort(pos, kind="stable")
-        positions.append(pos[order])
-        offsets.append(np.concatenate(acc.offs[c])[order] if jsonl else np.zeros(0, np.int64))
-        seqs.append(np.concatenate(acc.last_seq[c])[order])
-        ids = pa.concat_arrays(acc.ids[c]).take(pa.array(order)).to_pylist()
-        if c == CLS_REPLAY:
-            failed = np.concatenate(acc.failed)[order]
-            plan.failed = [ids[i] for i in np.flatnonzero(failed).tolist()]
-        setattr(plan, _NAMES[c], ids)
-    pending_ids = plan.pending
-    seq = np.concatenate(seqs)
-    found = np.flatnonzero(seq >= 0)
-    plan.last_seq = dict(zip([pending_ids[i] for i in found.tolist()], seq[found].tolist()))
+    assembled = assemble(acc.parts, log_version=log.version)
+    acc.parts.clear()  # the lists of the plan are built: the buckets' arrays can go
     status = log.summary(STATE_SCHEMA.empty_table())
     status.update(acc.counts)
     status.update(
@@ -398,9 +317,5 @@ def _assemble(log: CheckpointLog, acc: _Collected, n: int, jsonl: bool) -> PathP
     removed = None
     if acc.removed is not None:
         removed = tuple(sorted(pa.concat_arrays(acc.removed).to_pylist())) if acc.removed else ()
-    return PathPlan(
-        plan, status, np.concatenate(positions), np.concatenate(offsets) if jsonl else None, removed_ids=removed
-    )
-
-
-_NAMES = {CLS_REPLAY: "replay", CLS_DEMOTED: "demoted", CLS_INVALIDATED: "invalidated", CLS_FRESH: "fresh"}
+    offsets = assembled.pending_offsets if jsonl else None
+    return PathPlan(assembled.plan, status, assembled.pending_pos, offsets, removed_ids=removed)

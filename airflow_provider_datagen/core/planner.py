@@ -14,7 +14,6 @@ keeps them (see docs/design.md, Processor versions).
 from __future__ import annotations
 
 import concurrent.futures
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,102 +21,66 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.gil import short_gil_turns
-from airflow_provider_datagen.core.schema import ItemStatus
+from airflow_provider_datagen.core.plan.assemble import assemble, part_of, status_counts
+from airflow_provider_datagen.core.plan.rules import (
+    CLS_DEMOTED,
+    CLS_FRESH,
+    CLS_INVALIDATED,
+    CLS_REPLAY,
+    CLS_SKIP,
+    FP_CHUNK,
+    PENDING_ORDER,
+    REDO_COMPLETED,
+    REDO_NEVER,
+    REDO_OTHER_VERSION,
+    ResumePlan,
+    StateMatch,
+    bools,
+    check_redo_completed,
+    classes,
+    ints,
+    match_states,
+)
 from airflow_provider_datagen.core.sources import SourceItem, fingerprint_rows, prepare_items, row_ids
-from airflow_provider_datagen.core.status import NO_VERSION, version_counts
-from airflow_provider_datagen.exceptions import bad_argument
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
+__all__ = [
+    "CLS_DEMOTED",
+    "CLS_FRESH",
+    "CLS_INVALIDATED",
+    "CLS_REPLAY",
+    "CLS_SKIP",
+    "PENDING_ORDER",
+    "READ_AHEAD_ROWS",
+    "REDO_COMPLETED",
+    "REDO_NEVER",
+    "REDO_OTHER_VERSION",
+    "ResumePlan",
+    "StateMatch",
+    "as_source",
+    "check_redo_completed",
+    "classes",
+    "classify",
+    "classify_with_status",
+    "match_states",
+    "plan_resume",
+    "status_of",
+]
 
-#: The values of ``redo_completed``: keep done items of another processor version, or redo them.
-REDO_NEVER = "never"
-REDO_OTHER_VERSION = "other_version"
-REDO_COMPLETED = (REDO_NEVER, REDO_OTHER_VERSION)
-
-
-def check_redo_completed(owner: object, value: Any) -> str:
-    """``value`` if it is one of :data:`REDO_COMPLETED`, else the ConfigurationError naming both."""
-    if not isinstance(value, str) or value not in REDO_COMPLETED:
-        raise bad_argument(
-            owner,
-            "redo_completed",
-            value,
-            "is not one of 'never', 'other_version'",
-            "pass 'never' to keep items completed under another processor version, or 'other_version' "
-            "to regenerate them",
-        )
-    return value
-
-
-@dataclass
-class ResumePlan:
-    """What a run must do for each source item; the lists keep source order and are disjoint."""
-
-    skip: list[str] = field(default_factory=list)
-    replay: list[str] = field(default_factory=list)
-    fresh: list[str] = field(default_factory=list)
-    invalidated: list[str] = field(default_factory=list)
-    demoted: list[str] = field(default_factory=list)
-    #: item id -> last sequence number in the log (for priming writers); absent means none.
-    last_seq: dict[str, int] = field(default_factory=dict)
-    #: replay items that have at least one FAILED event in their current generation.
-    failed: list[str] = field(default_factory=list)
-    #: skipped items done (completed or filtered) under another processor version, per version:
-    #: what a version bump left behind with ``redo_completed="never"``.
-    kept_other_version: dict[str, int] = field(default_factory=dict)
-    log_version: int = 0
-    #: how many items are skipped when ``skip`` does not list them (a streamed plan of a path source)
-    skip_count: int | None = None
-
-    @property
-    def skipped(self) -> int:
-        """How many items are skipped."""
-        return len(self.skip) if self.skip_count is None else self.skip_count
-
-    @property
-    def pending(self) -> list[str]:
-        """Items a run must invoke, in resume order: inbox first, then restarts, then new work."""
-        return [*self.replay, *self.demoted, *self.invalidated, *self.fresh]
-
-    @property
-    def total(self) -> int:
-        return self.skipped + len(self.pending)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "skip": self.skipped,
-            "replay": len(self.replay),
-            "fresh": len(self.fresh),
-            "invalidated": len(self.invalidated),
-            "demoted": len(self.demoted),
-            "failed": len(self.failed),
-            "log_version": self.log_version,
-        }
-
-
-#: Source items whose fingerprints are compared per round: bounds the transient string arrays.
-_FP_CHUNK = 1 << 16
-
-_CLS_FRESH, _CLS_INVALIDATED, _CLS_SKIP, _CLS_DEMOTED, _CLS_REPLAY = range(5)
-#: The pending classes in resume order (see :attr:`ResumePlan.pending`).
-PENDING_ORDER = (_CLS_REPLAY, _CLS_DEMOTED, _CLS_INVALIDATED, _CLS_FRESH)
-CLS_SKIP = _CLS_SKIP
-CLS_REPLAY = _CLS_REPLAY
-CLS_DEMOTED = _CLS_DEMOTED
-CLS_INVALIDATED = _CLS_INVALIDATED
-CLS_FRESH = _CLS_FRESH
-
-
-def _bools(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _ints(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+# The rule's old private names here, for code written against them (the rule lives in core/plan/).
+_FP_CHUNK = FP_CHUNK
+_bools, _ints = bools, ints
+_CLS_FRESH, _CLS_INVALIDATED, _CLS_SKIP, _CLS_DEMOTED, _CLS_REPLAY = (
+    CLS_FRESH,
+    CLS_INVALIDATED,
+    CLS_SKIP,
+    CLS_DEMOTED,
+    CLS_REPLAY,
+)
 
 
 def classify(
@@ -147,6 +110,19 @@ def _fingerprints_in(fps: pa.Array) -> Callable[[np.ndarray], pa.Array]:
     return lambda rows: fps.take(pa.array(rows))
 
 
+def _match(
+    fingerprints: Callable[[np.ndarray], pa.Array], ids: list[str], states: pa.Table, index: np.ndarray | None
+) -> StateMatch:
+    """How ``ids`` (with ``fingerprints``) match ``states``; ``index``: each id's state row, looked up when None."""
+    if index is None and states.num_rows:
+        idx = pc.index_in(pa.array(ids, pa.string()), value_set=states["item_id"])
+        index = np.asarray(idx.fill_null(-1).to_numpy(zero_copy_only=False))
+        del idx
+    if index is None:
+        index = np.full(len(ids), -1, np.int64)
+    return match_states(len(ids), fingerprints, states, index)
+
+
 def _classify(
     fingerprints: Callable[[np.ndarray], pa.Array],
     ids: list[str],
@@ -155,106 +131,45 @@ def _classify(
     log_version: int,
     index: np.ndarray | None,
     redo_completed: str = REDO_NEVER,
+    *,
+    match: StateMatch | None = None,
 ) -> ResumePlan:
     # Memory matters as much as time here (1M items must plan in well under 1 GiB with the source
     # itself): per-state predicates are computed once as numpy bools and gathered by index, so no row
     # of the state table is copied; fingerprints, the only wide comparison, are built and compared a
     # chunk at a time; and the lists handed back reuse the source's own id strings.
-    plan = ResumePlan(log_version=log_version)
-    n = len(ids)
-    if not n:
-        return plan
+    if not ids:
+        return ResumePlan(log_version=log_version)
     if states.num_rows == 0:
-        plan.fresh = list(ids)
-        return plan
-    if index is None:
-        idx = pc.index_in(pa.array(ids, pa.string()), value_set=states["item_id"])
-        index = np.asarray(idx.fill_null(-1).to_numpy(zero_copy_only=False))
-        del idx
-    masks = match_states(n, fingerprints, states, index)
+        return ResumePlan(fresh=list(ids), log_version=log_version)
+    if match is None:
+        match = _match(fingerprints, ids, states, index)
     del index
-    cls, plan.kept_other_version = classes(masks, states, processor_version, redo_completed)
-    id_arr = np.array(ids, dtype=object)
-    plan.fresh = id_arr[cls == _CLS_FRESH].tolist()
-    plan.invalidated = id_arr[cls == _CLS_INVALIDATED].tolist()
-    plan.skip = id_arr[cls == _CLS_SKIP].tolist()
-    plan.demoted = id_arr[cls == _CLS_DEMOTED].tolist()
-    replay = np.flatnonzero(cls == _CLS_REPLAY)
-    plan.replay = id_arr[replay].tolist()
-    # failures and last_seq are read for the few items that need them, not gathered for all
-    pick = masks.pick
-    failures = _ints(pc.take(states["failures"], pa.array(pick[replay])))
-    plan.failed = id_arr[replay[failures > 0]].tolist()
-    has_seq = np.flatnonzero(masks.found & (cls != _CLS_SKIP))
-    last_seq = pc.take(states["last_seq"], pa.array(pick[has_seq])).to_pylist()
-    plan.last_seq = dict(zip(id_arr[has_seq].tolist(), last_seq))
-    return plan
+    cls, kept = classes(match, states, processor_version, redo_completed)
+    part = part_of(cls, match, states, np.array(ids, dtype=object), kept=kept, list_skip=True)
+    return assemble([part], log_version=log_version, list_skip=True).plan
 
 
-@dataclass
-class StateMatch:
-    """How each source item (by position) stands in the state table: the inputs of :func:`classes`."""
+def classify_with_status(
+    log: CheckpointLog,
+    source: list[SourceItem],
+    states: pa.Table,
+    processor_version: str | None,
+    *,
+    redo_completed: str = REDO_NEVER,
+) -> tuple[ResumePlan, dict[str, Any]]:
+    """:func:`classify` at ``log.version`` and :func:`status_of` of ``source``, from one match of it to ``states``.
 
-    found: np.ndarray  # has events
-    pick: np.ndarray  # its row in the state table (0 when not found)
-    started: np.ndarray  # found and not NEVER_STARTED
-    running: np.ndarray  # its state is RUNNING
-    same_fp: np.ndarray  # started with the same input fingerprint
-
-
-def match_states(
-    n: int, fingerprints: Callable[[np.ndarray], pa.Array], states: pa.Table, index: np.ndarray
-) -> StateMatch:
-    """Match ``n`` source items against ``states``; ``index`` is each one's state row (-1: none).
-
-    ``fingerprints(rows)`` gives the input fingerprints of the items at positions ``rows`` (a
-    string array): only started items are compared, a bounded number at a time.
+    The match (the id lookup and the fingerprint comparison) is the costly part of both; the
+    classes of each view are a few numpy passes over it.
     """
-    found = index >= 0
-    if states.num_rows == 0:
-        none = np.zeros(n, dtype=bool)
-        return StateMatch(none, np.zeros(n, np.int32), none, none, none)
-    pick = np.where(found, index, 0).astype(np.int32 if states.num_rows < (1 << 31) else np.int64)
-    status = states["status"]
-    # Per state row (one per item of the log), then gathered by source position.
-    started = found & _bools(pc.not_equal(status, ItemStatus.NEVER_STARTED.value))[pick]
-    running = _bools(pc.equal(status, ItemStatus.RUNNING.value))[pick]
-    same_fp = np.zeros(n, dtype=bool)
-    state_fps = states["input_fingerprint"]
-    for lo in range(0, n, _FP_CHUNK):
-        rows = np.flatnonzero(started[lo : lo + _FP_CHUNK]) + lo
-        if not len(rows):
-            continue
-        theirs = pc.take(state_fps, pa.array(pick[rows]))
-        same_fp[rows] = _bools(pc.equal(theirs, fingerprints(rows)))
-    return StateMatch(found, pick, started, running, same_fp)
-
-
-def classes(
-    m: StateMatch, states: pa.Table, processor_version: str | None, redo_completed: str = REDO_NEVER
-) -> tuple[np.ndarray, dict[str, int]]:
-    """Each item's class (``CLS_*``) and the done items kept under other versions, per version."""
-    kept: dict[str, int] = {}
-    cls = np.full(len(m.found), _CLS_FRESH, dtype=np.int8)
-    if states.num_rows == 0:
-        return cls, kept
-    cls[m.started & ~m.same_fp] = _CLS_INVALIDATED
-    done = m.same_fp & ~m.running
-    cls[done] = _CLS_SKIP
-    inbox = m.same_fp & m.running
-    if processor_version is None:
-        cls[inbox] = _CLS_REPLAY
-    else:
-        same_pv = _bools(pc.equal(states["processor_version"], processor_version))[m.pick]
-        cls[inbox & ~same_pv] = _CLS_DEMOTED
-        cls[inbox & same_pv] = _CLS_REPLAY
-        other = done & ~same_pv
-        if redo_completed == REDO_OTHER_VERSION:
-            # a done item of another version restarts like a demoted cursor: a new generation, clean
-            cls[other] = _CLS_DEMOTED
-        elif other.any():
-            kept = version_counts(pc.take(states["processor_version"], pa.array(m.pick[other])))
-    return cls, kept
+    check_redo_completed("classify_with_status", redo_completed)
+    ids = [s.item_id for s in source]
+    match = _match(_fingerprints_of(source), ids, states, None)
+    plan = _classify(
+        _fingerprints_of(source), ids, states, processor_version, log.version, None, redo_completed, match=match
+    )
+    return plan, _source_status(log, log.summary(states), states, ids, match)
 
 
 def plan_resume(
@@ -367,37 +282,22 @@ def status_of(
         return log.summary() if states is None else finish(log, log.summary(states), whole_log=False)
     if states is None:
         states = log.states()
-    summary = log.summary(states)
     source = as_source(items, key_field)
-    plan = classify(source, states, None, summary["log_version"])
-    done = set(plan.skip)
-    ids = pa.array([s.item_id for s in source], pa.string())
-    sub = states.filter(pc.is_in(states["item_id"], value_set=ids)) if len(states) else states
-    completed = filtered = 0
-    by_version: dict[str, int] = {}
-    if len(sub):
-        rows = zip(sub["item_id"].to_pylist(), sub["status"].to_pylist(), sub["processor_version"].to_pylist())
-        for iid, st, pv in rows:
-            if iid in done:
-                if st == ItemStatus.COMPLETED.value:
-                    completed += 1
-                    version = NO_VERSION if pv is None else pv
-                    by_version[version] = by_version.get(version, 0) + 1
-                filtered += st == ItemStatus.FILTERED.value
-    running = len(plan.replay) + len(plan.demoted)
-    never = len(plan.fresh)
-    summary.update(
-        total=len(source),
-        completed=completed,
-        completed_by_version=dict(sorted(by_version.items())),
-        filtered=filtered,
-        running=running,
-        never_started=never,
-        invalidated=len(plan.invalidated),
-        pending=len(plan.pending),
-        # the log's root items this source does not hold: counted apart, never pending
-        removed=int(summary["total"]) - int(pc.sum(pc.equal(pc.count_substring(sub["item_id"], "/"), 0)).as_py() or 0)
-        if len(sub)
-        else int(summary["total"]),
-    )
+    ids = [s.item_id for s in source]
+    return _source_status(log, log.summary(states), states, ids, _match(_fingerprints_of(source), ids, states, None))
+
+
+def _source_status(
+    log: CheckpointLog, summary: dict[str, Any], states: pa.Table, ids: list[str], match: StateMatch
+) -> dict[str, Any]:
+    """``summary`` (the log's) counted over the source ``ids``, as they ``match`` ``states``."""
+    # Deferred: the store's tally imports the planner's neighbours (a cycle at import time).
+    from airflow_provider_datagen.core.store.tally import finish
+
+    logged = int(summary["total"])
+    summary.update(status_counts(states, match))
+    # the log's root items this source does not hold: counted apart, never pending
+    held = pa.array(ids, pa.string()).filter(pa.array(match.found)) if match.found.any() else None
+    roots = 0 if held is None else int(pc.sum(pc.equal(pc.count_substring(held, "/"), 0)).as_py() or 0)
+    summary["removed"] = logged - roots
     return finish(log, summary, whole_log=False)
