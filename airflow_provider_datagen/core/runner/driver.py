@@ -14,15 +14,18 @@ from airflow_provider_datagen.core.runner.attempts import call_step
 from airflow_provider_datagen.core.runner.commit import Committer
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
 from airflow_provider_datagen.core.runner.failures import on_failure
-from airflow_provider_datagen.core.runner.interpreter import COMPLETED
+from airflow_provider_datagen.core.runner.interpreter import COMPLETED, guarded
 from airflow_provider_datagen.core.runner.signals import StepFailure
 from airflow_provider_datagen.core.schema import EventType, ItemStatus
+from airflow_provider_datagen.core.steps import Step
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from airflow_provider_datagen.core.events import StepCoord
     from airflow_provider_datagen.core.fold import ItemState
+    from airflow_provider_datagen.core.runner.threads import RootJob
     from airflow_provider_datagen.core.sources import SourceItem
-    from airflow_provider_datagen.core.steps import Step
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
 _TERMINAL = EventType.TERMINAL.value
@@ -118,9 +121,7 @@ class Runner(Committer):
         _, coord, shape, done = self._leaf
         iid = item.item_id
         try:
-            sets = self._check_result_of(iid, self.shared.pipeline, result) if result is not None else NO_FIELDS
-            for name in sets:
-                ctx._mode_check(name, "set")
+            sets = self.checked_sets(iid, self.shared.pipeline, result, ctx)
         except BaseException as exc:
             self.fail_leaf(item, exc, ctx._usage)
             return
@@ -160,3 +161,29 @@ class Runner(Committer):
                 iid, last_seq=st.last_seq, input_fingerprint=st.input_fingerprint, field_modes=st.field_modes
             )
         return states
+
+
+def run_sequential(runner: Runner, jobs: Iterator[RootJob], tick: Callable[[], None]) -> None:
+    """Drive ``jobs`` (``threads.root_jobs``) one at a time on this thread: ``run_items`` with ``concurrency=1``.
+
+    A budget is checked before each new root item (before a pull, too: a stop pulls nothing more);
+    a fresh or restarted item of a one-step pipeline takes the short path (:meth:`Runner.run_fresh_leaf`).
+    """
+    shared = runner.shared
+    stop = shared.stop_pulling
+    one_step = type(shared.pipeline) is Step
+    # no frames, no fan-out: the driver's short path (guarded by a retry policy or a rate limit)
+    run_leaf = runner.run_fresh_leaf if not guarded(shared) else runner.run_fresh_leaf_guarded
+    while stop is None or not stop():
+        job = next(jobs, None)
+        if job is None:
+            return
+        src, state, replayed, history, create = job
+        if create:
+            # a budget may stop the run before any item: each one's ITEM_CREATED is staged as it starts
+            runner.stage_created(src)
+        if state is None and one_step:
+            run_leaf(src, replayed)
+        else:
+            runner.run_root(src, state, replayed=replayed, history=history)
+        tick()

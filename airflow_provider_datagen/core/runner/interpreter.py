@@ -14,7 +14,7 @@ from airflow_provider_datagen.core.events import StepCoord, fingerprint_of
 from airflow_provider_datagen.core.ids import child_item_id
 from airflow_provider_datagen.core.ledger.staging import completed_value
 from airflow_provider_datagen.core.runner.attempts import call_step
-from airflow_provider_datagen.core.runner.context import ItemContext, WorkItem, loaded_fields
+from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.contract import check_result_of
 from airflow_provider_datagen.core.runner.shared import StepSite
 from airflow_provider_datagen.core.runner.signals import Filtered, StepFailure
@@ -344,10 +344,7 @@ class Interpreter:
         self.report.invocations += 1
         try:
             result = step.fn(item.data, ctx)
-            sets = self._check_result(item, step, result)
-            if sets:
-                for name in sets:
-                    ctx._mode_check(name, "set")
+            sets = self.checked_sets(item.item_id, step, result, ctx)
         except Exception as exc:
             raise StepFailure(item.item_id, coord, exc, usage=ctx._usage) from exc
         except BaseException as exc:
@@ -365,10 +362,7 @@ class Interpreter:
         calls: list[ItemContext] = []
         try:
             result, ctx = call_step(self, item, step, coord, calls)
-            sets = self._check_result(item, step, result)
-            if sets:
-                for name in sets:
-                    ctx._mode_check(name, "set")
+            sets = self.checked_sets(item.item_id, step, result, ctx)
         except BaseException as exc:
             attempt = item.attempt if self.shared.retry is not None else None
             # the last attempt's usage goes with its FAILED row (an earlier one's went with its transient row)
@@ -377,6 +371,20 @@ class Interpreter:
         self._complete(item, coord, sets, ctx._ops, frame, shape, ctx)
         if ctx._filtered[0]:
             raise Filtered(ctx._filtered[1])
+
+    def checked_sets(self, item_id: str, step: Step, result: Any, ctx: ItemContext) -> Mapping[str, Any]:
+        """The fields a finished call of ``step`` returned, checked: the one place every driver checks a call.
+
+        The result against the process's contract, then each returned field against the mode the
+        item's earlier steps (or this call's ``ctx.append``) gave it; raises the contract error
+        otherwise, for the caller to fail the item with. None (no fields) is :data:`NO_FIELDS`.
+        """
+        if result is None:
+            return NO_FIELDS
+        sets = self._check_result_of(item_id, step, result)
+        for name in sets:
+            ctx._mode_check(name, "set")
+        return sets
 
     def _check_result(self, item: WorkItem, step: Step, result: Any) -> dict[str, Any]:
         return {} if result is None else self._check_result_of(item.item_id, step, result)

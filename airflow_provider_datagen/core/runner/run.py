@@ -12,26 +12,28 @@ import gc
 import logging
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_datagen.core.ledger import budget as budget_module
-from airflow_provider_datagen.core.ledger.budget import Budget, RunUsage
-from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, check_redo_completed, classify
-from airflow_provider_datagen.core.ratelimit import RateLimit, open_limiter
-from airflow_provider_datagen.core.retry import RetryPolicy
+from airflow_provider_datagen.core.ledger.budget import RunUsage
+from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, classify
+from airflow_provider_datagen.core.ratelimit import open_limiter
 from airflow_provider_datagen.core.runner.aio import LoopThread, run_async
-from airflow_provider_datagen.core.runner.commit import MIN_PULL, chunks, pulls
-from airflow_provider_datagen.core.runner.driver import Runner
+from airflow_provider_datagen.core.runner.commit import chunks
+from airflow_provider_datagen.core.runner.config import RunConfig
+from airflow_provider_datagen.core.runner.driver import Runner, run_sequential
 from airflow_provider_datagen.core.runner.failures import DEFAULT_MAX_REPEATED_FAILURES
-from airflow_provider_datagen.core.runner.interpreter import guarded, has_async, has_fanout
+from airflow_provider_datagen.core.runner.interpreter import has_async, has_fanout
 from airflow_provider_datagen.core.runner.report import RunReport
-from airflow_provider_datagen.core.runner.shared import DEFAULT_GROUP_SECONDS, CommitPolicy, RunShared
-from airflow_provider_datagen.core.runner.threads import run_pulls_concurrently
+from airflow_provider_datagen.core.runner.shared import DEFAULT_GROUP_SECONDS, RunShared
+from airflow_provider_datagen.core.runner.threads import root_jobs, run_pulls_concurrently
 from airflow_provider_datagen.core.steps import Step, as_pipeline
-from airflow_provider_datagen.exceptions import bad_argument
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
     from airflow_provider_datagen.core.fold import ItemState
+    from airflow_provider_datagen.core.ledger.budget import Budget
+    from airflow_provider_datagen.core.planner import ResumePlan
+    from airflow_provider_datagen.core.ratelimit import RateLimit
+    from airflow_provider_datagen.core.retry import RetryPolicy
     from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.store.log import CheckpointLog
     from airflow_provider_datagen.core.store.writer import LogWriter
@@ -133,162 +135,64 @@ def run_items(
     ``redo_completed="other_version"`` regenerates items completed (or filtered) under another
     processor version; ``"never"`` (the default) keeps them (see :func:`~airflow_provider_datagen.core.plan_resume`).
     """
-    if checkpoint_every is not None and (
-        isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1
-    ):
-        raise bad_argument(
-            "run_items",
-            "checkpoint_every",
-            checkpoint_every,
-            "is not a positive int",
-            "pass None for the default group commit",
-        )
-    if not isinstance(processor_version, str) or not processor_version:
-        raise bad_argument(
-            "run_items", "processor_version", processor_version, "is not a non-empty string", "pass e.g. 'v1'"
-        )
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise bad_argument(
-            "run_items", "concurrency", concurrency, "is not an int >= 1", "pass 1 to run items one at a time"
-        )
-    if max_repeated_failures is not None and (
-        isinstance(max_repeated_failures, bool)
-        or not isinstance(max_repeated_failures, int)
-        or max_repeated_failures < 1
-    ):
-        raise bad_argument(
-            "run_items",
-            "max_repeated_failures",
-            max_repeated_failures,
-            "is not an int >= 1 or None",
-            "pass e.g. 5 (stop after 5 items in a row fail with the same error) or None to never stop for it",
-        )
-    check_redo_completed("run_items", redo_completed)
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise bad_argument(
-            "run_items", "retry", retry, "is not a RetryPolicy", "pass RetryPolicy(...) (or RetryPolicy.from_dict(d))"
-        )
-    rate_limit = RateLimit.coerce(rate_limit, owner="run_items")
-    budget = Budget.of("run_items", budget_usd, budget_tokens)
-    pipeline = as_pipeline(process_or_pipeline)
-    source = as_source(items, key_field)
-    writer = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
-    # this chunk's items alone: a mapped task never folds the whole log (there may be a thousand of them)
-    states = log.states_of([s.item_id for s in source])
-    plan = classify(source, states, processor_version, log.version, redo_completed=redo_completed)
-    report = RunReport(skipped=list(plan.skip), plan=plan)
-    if budget.is_set:
-        # other tasks see this run's spend only once it is committed: keep that lag short
-        checkpoint_interval = min(checkpoint_interval, budget_module.COMMIT_SECONDS)
-    policy = CommitPolicy.of(checkpoint_every, checkpoint_interval)
-    shared = RunShared(
-        log=log,
-        writer=writer,
-        pipeline=pipeline,
+    config = RunConfig(
+        key_field=key_field,
         processor_version=processor_version,
-        policy=policy,
+        writer_id=writer_id,
+        epoch=epoch,
+        checkpoint_every=checkpoint_every,
         fail_fast=fail_fast,
+        checkpoint_interval=checkpoint_interval,
+        airflow=airflow,
+        progress=progress,
         reraise=reraise,
-        has_fanout=has_fanout(pipeline),
+        concurrency=concurrency,
+        redo_completed=redo_completed,
         retry=retry,
+        rate_limit=rate_limit,
+        rate_limit_storage=rate_limit_storage,
+        budget_usd=budget_usd,
+        budget_tokens=budget_tokens,
         max_repeated_failures=max_repeated_failures,
     )
-    limiter = None
-    if rate_limit is not None:
-        # a cooldown never outlasts the longest wait the run's policy retries (issue 24: bounded cooldowns)
-        ceiling = None if retry is None else retry.max_backoff
-        limiter = open_limiter(rate_limit, root=str(log.root), storage_uri=rate_limit_storage, max_cooldown=ceiling)
-        shared.before_attempt = limiter.acquire
-        shared.before_attempt_async = limiter.acquire_async
-        shared.on_throttled = limiter.cooldown
-    # an async process (one step) runs on an event loop (aio.py); async steps of a larger pipeline are
-    # awaited on a loop thread of the run by the sync drivers
-    one_step = type(pipeline) is Step
-    async_process = one_step and pipeline.is_async
-    steps_loop = LoopThread() if not one_step and has_async(pipeline) else None
-    if steps_loop is not None:
-        shared.bridge = steps_loop.call
-    meter = None
-    if budget.is_set or limiter is not None:
-        # the run's usage tally (a budget) and the charge of recorded usage to the rate limit
-        meter = shared.usage = RunUsage(log, (writer_id, epoch), budget, limiter=limiter)
-        if budget.is_set:
-            log.set_budget(budget.usd, budget.tokens)
-            shared.stop_pulling = meter.stop_pulling
-            shared.stop_starting = meter.seen_reached
+    return run_configured(log, items, process_or_pipeline, config)
 
-            def near() -> None:
-                # close to the budget: each acknowledgement is committed at once (a time bound of 0)
-                shared.policy = dataclasses.replace(shared.policy, interval=0.0)
 
-            meter.on_near = near
-    runner = Runner(shared, report)
+def run_configured(log: CheckpointLog, items: Iterable[Any], process_or_pipeline: Any, config: RunConfig) -> RunReport:
+    """:func:`run_items` with its arguments bundled and checked already (``config``)."""
+    pipeline = as_pipeline(process_or_pipeline)
+    source = as_source(items, config.key_field)
+    writer = log.writer(
+        config.writer_id, config.epoch, processor_version=config.processor_version, airflow=config.airflow
+    )
+    # this chunk's items alone: a mapped task never folds the whole log (there may be a thousand of them)
+    states = log.states_of([s.item_id for s in source])
+    plan = classify(source, states, config.processor_version, log.version, redo_completed=config.redo_completed)
+    report = RunReport(skipped=list(plan.skip), plan=plan)
+    wiring = _Wiring(log, writer, pipeline, config)
+    runner = Runner(wiring.shared, report)
     by_id = {s.item_id: s for s in source}
-    total = len(plan.pending)
-    done = 0
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total)
-
+    progress = _Progress(config.progress, len(plan.pending))
     # The profile of a no-op run showed a third of the time in generation-2 collections walking the
     # source items and plan already alive; frozen, the collector only looks at what the run allocates.
     gc.freeze()
     try:
         # 1. The inbox: items created and never acknowledged (failed ones too), resumed from their
         # coordinates; read from the log as they are taken.
-        replays = _inbox(log, writer, plan.replay, by_id, report, tick)
+        replays = _inbox(log, writer, plan.replay, by_id, report, progress.tick)
         # 2. Restarts (demoted cursors, edited inputs) and fresh items: pulled into the inbox first.
         restart = [*plan.demoted, *plan.invalidated, *plan.fresh]
-        replayed_restarts = set(plan.demoted)
-        cap = max(policy.group, MIN_PULL)
-        # no frames, no fan-out: the driver's short path (guarded by a retry policy or a rate limit)
-        run_leaf = runner.run_fresh_leaf if not guarded(shared) else runner.run_fresh_leaf_guarded
-        if async_process:
-            run_async(runner, writer, replays, restart, by_id, plan, concurrency, tick)
-        elif concurrency > 1 and (plan.replay or restart):
-            # both phases in one pool: the replays first, then the pulls, with no drain between
-            run_pulls_concurrently(runner, writer, replays, restart, by_id, plan, concurrency, tick)
-        else:
-            stop = shared.stop_pulling  # a budget: checked before each new root item
-            # a budget may stop the run before any item: each one's ITEM_CREATED is staged as it starts
-            lazy = stop is not None
-            for src, st in replays:
-                if stop is not None and stop():
-                    break
-                runner.run_root(src, st, replayed=True)
-                tick()
-            if policy.pipelined and not lazy:
-                runner.ack_bound = cap + 1  # never reached: each pull's acks commit with the next pull
-            for chunk in pulls(restart, cap, checkpoint_interval, runner.pull_limit):
-                if stop is not None and stop():
-                    break
-                writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
-                if not lazy:
-                    runner.pull([(by_id[iid], None) for iid in chunk])
-                for iid in chunk:
-                    if stop is not None and stop():
-                        break
-                    if lazy:
-                        runner.stage_created(by_id[iid])
-                    if one_step:
-                        run_leaf(by_id[iid], iid in replayed_restarts)
-                    else:
-                        runner.run_root(
-                            by_id[iid], None, replayed=iid in replayed_restarts, history=iid in plan.last_seq
-                        )
-                    tick()
+        _drive(runner, wiring, (replays, restart, by_id, plan), config, progress.tick)
         runner.flush()
         writer.sync()  # every acknowledgement has landed before the report is returned
         log.mark_version()  # a new reader of a log rolled back behind this run refuses it
+        meter = wiring.meter
         if meter is not None and meter.stopped is not None:
             report.stopped_by_budget = True
             logger.warning(
                 "stopped by the budget (%s): %d items stay pending; raise budget_usd/budget_tokens and rerun",
                 meter.stopped,
-                total - done,
+                progress.total - progress.done,
             )
     except BaseException:
         # Whatever ends the run (a timeout, fail_fast), a pipelined append in flight lands or fails
@@ -300,11 +204,111 @@ def run_items(
         raise
     finally:
         gc.unfreeze()
-        if steps_loop is not None:
-            steps_loop.close()
-        if limiter is not None:
-            limiter.close()
+        wiring.close()
     return report
+
+
+class _Progress:
+    """The run's progress: items settled (processed, failed, skipped late) out of the plan's pending ones."""
+
+    __slots__ = ("callback", "done", "total")
+
+    def __init__(self, callback: Callable[[int, int], None] | None, total: int) -> None:
+        self.callback = callback
+        self.total = total
+        self.done = 0
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.callback is not None:
+            self.callback(self.done, self.total)
+
+
+class _Wiring:
+    """The run's shared state and what it opened for the run: the limiter, the steps' event loop, the meter.
+
+    Built before the first item (the limiter and the budget are wired into :class:`RunShared` here);
+    :meth:`close` releases what was opened once the run has ended.
+    """
+
+    def __init__(self, log: CheckpointLog, writer: LogWriter, pipeline: Step, config: RunConfig) -> None:
+        retry = config.retry
+        self.shared = shared = RunShared(
+            log=log,
+            writer=writer,
+            pipeline=pipeline,
+            processor_version=config.processor_version,
+            policy=config.commit_policy(),
+            fail_fast=config.fail_fast,
+            reraise=config.reraise,
+            has_fanout=has_fanout(pipeline),
+            retry=retry,
+            max_repeated_failures=config.max_repeated_failures,
+        )
+        self.limiter = limiter = None
+        if config.rate_limit is not None:
+            # a cooldown never outlasts the longest wait the run's policy retries (issue 24: bounded cooldowns)
+            ceiling = None if retry is None else retry.max_backoff
+            self.limiter = limiter = open_limiter(
+                config.rate_limit, root=str(log.root), storage_uri=config.rate_limit_storage, max_cooldown=ceiling
+            )
+            shared.before_attempt = limiter.acquire
+            shared.before_attempt_async = limiter.acquire_async
+            shared.on_throttled = limiter.cooldown
+        # an async process (one step) runs on an event loop (aio.py); async steps of a larger pipeline are
+        # awaited on a loop thread of the run by the sync drivers
+        self.one_step = one_step = type(pipeline) is Step
+        self.async_process = one_step and pipeline.is_async
+        self.steps_loop = LoopThread() if not one_step and has_async(pipeline) else None
+        if self.steps_loop is not None:
+            shared.bridge = self.steps_loop.call
+        self.meter = None
+        budget = config.budget
+        if budget.is_set or limiter is not None:
+            # the run's usage tally (a budget) and the charge of recorded usage to the rate limit
+            self.meter = shared.usage = RunUsage(log, (config.writer_id, config.epoch), budget, limiter=limiter)
+            if budget.is_set:
+                self._wire_budget(log, budget, self.meter)
+
+    def _wire_budget(self, log: CheckpointLog, budget: Budget, meter: RunUsage) -> None:
+        shared = self.shared
+        log.set_budget(budget.usd, budget.tokens)
+        shared.stop_pulling = meter.stop_pulling
+        shared.stop_starting = meter.seen_reached
+
+        def near() -> None:
+            # close to the budget: each acknowledgement is committed at once (a time bound of 0)
+            shared.policy = dataclasses.replace(shared.policy, interval=0.0)
+
+        meter.on_near = near
+
+    def close(self) -> None:
+        if self.steps_loop is not None:
+            self.steps_loop.close()
+        if self.limiter is not None:
+            self.limiter.close()
+
+
+def _drive(
+    runner: Runner,
+    wiring: _Wiring,
+    work: tuple[Iterator[tuple[SourceItem, ItemState]], list[str], dict[str, SourceItem], ResumePlan],
+    config: RunConfig,
+    tick: Callable[[], None],
+) -> None:
+    """Run the replays, then the restarted and fresh items, with the driver the process and ``concurrency`` ask for."""
+    replays, restart, by_id, plan = work
+    writer = runner.shared.writer
+    if wiring.async_process:
+        run_async(runner, writer, replays, restart, by_id, plan, config.concurrency, tick)
+    elif config.concurrency > 1 and (plan.replay or restart):
+        # both phases in one pool: the replays first, then the pulls, with no drain between
+        run_pulls_concurrently(runner, writer, replays, restart, by_id, plan, config.concurrency, tick)
+    else:
+        # the pulls adapt to the run's time bound as it started (a budget's last stretch shortens the
+        # commit interval, not the pull size's clock)
+        jobs = root_jobs(runner, writer, replays, restart, by_id, plan, interval=config.group_interval)
+        run_sequential(runner, jobs, tick)
 
 
 def _inbox(

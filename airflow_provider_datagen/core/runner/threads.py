@@ -105,9 +105,7 @@ class ItemWorker(Interpreter):
         self.report.invocations += 1
         try:
             result = step.fn(src.data, ctx)
-            sets = self._check_result_of(iid, step, result) if result is not None else NO_FIELDS
-            for name in sets:
-                ctx._mode_check(name, "set")
+            sets = self.checked_sets(iid, step, result, ctx)
         except BaseException as exc:
             return None, StepFailure(iid, coord, exc, usage=ctx._usage)
         try:
@@ -531,12 +529,15 @@ def root_jobs(
     restart: list[str],
     by_id: dict[str, SourceItem],
     plan: ResumePlan,
+    *,
+    interval: float | None = None,
 ) -> Iterator[RootJob]:
     """The inbox replays, then the restarted and fresh items, each pull committed as it is reached.
 
-    Consumed as items start, by the thread driver and the async driver alike: the first pull happens
-    once the last replay started, the next once the previous pull's items all started (no idle
-    tail), and each pull's inbox commit precedes its items.
+    Consumed as items start, by the sequential, thread and async drivers alike: the first pull
+    happens once the last replay started, the next once the previous pull's items all started (no
+    idle tail), and each pull's inbox commit precedes its items. ``interval`` is the time bound the
+    pulls adapt to (None: the commit policy's when the pulls begin).
     """
     shared = runner.shared
     replayed_restarts = set(plan.demoted)
@@ -547,7 +548,9 @@ def root_jobs(
         yield RootJob(src, state, True, False)
     if shared.policy.pipelined and not lazy:
         runner.ack_bound = cap + 1  # as run_items' sequential path: each pull's acks commit with the next
-    for chunk in pulls(restart, cap, shared.policy.interval, runner.pull_limit):
+    if interval is None:
+        interval = shared.policy.interval
+    for chunk in pulls(restart, cap, interval, runner.pull_limit):
         writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
         if not lazy:
             runner.pull([(by_id[iid], None) for iid in chunk])
