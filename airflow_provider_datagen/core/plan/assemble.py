@@ -11,7 +11,7 @@ edit of :mod:`.rules` and :data:`~.rules.CLASS_FIELDS`, not of each path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 #: A classification's item ids: an Arrow string array, or a numpy object array of the source's own
 #: strings (an inline plan's lists then reuse them instead of a copy per id: 1M items, ~60 MB).
-Ids = pa.Array | np.ndarray
+Ids: TypeAlias = "pa.Array | np.ndarray"
 
 
 @dataclass
