@@ -1,14 +1,9 @@
 """Resume planning: classify every source item against the folded log. Returns data, never acts.
 
-For each item (see docs/design.md, "Resume"): ``skip`` (completed or filtered for the same input fingerprint),
-``replay`` (in the inbox: created, not terminal, same fingerprint and processor version), ``demoted``
-(in the inbox but its cursor belongs to another processor version: restart from the first step),
-``invalidated`` (the input changed since it was recorded), ``fresh`` (never started). The five sets
-are disjoint and cover the source.
-
-``redo_completed="other_version"`` also demotes done items (completed or filtered) whose generation
-ran under another processor version, so a version bump regenerates them; the default ``"never"``
-keeps them (see docs/design.md, Processor versions).
+The rule (the five classes ``skip``, ``replay``, ``demoted``, ``invalidated``, ``fresh``, and what
+``redo_completed`` changes) lives in :mod:`.plan.rules`, and the plan is assembled from a
+classification by :mod:`.plan.assemble`; this module reads a source and the log's states for them,
+and keeps their names importable from here. See docs/design.md, "Resume" and "Processor versions".
 """
 
 from __future__ import annotations
