@@ -7,7 +7,7 @@ named in the errors, so a bad argument is refused in one place with one message.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.ledger import budget as budget_module
@@ -94,6 +94,10 @@ class RunConfig:
     def commit_policy(self) -> CommitPolicy:
         """When this run's acknowledgements are committed."""
         return CommitPolicy.of(self.checkpoint_every, self.group_interval)
+
+
+#: ``run_items``'s keyword arguments: the fields a caller gives (``owner`` and the derived ``budget`` aside)
+RUN_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(RunConfig) if f.init and f.name != "owner")
 
 
 def _check_checkpoint_every(owner: object, value: Any) -> None:

@@ -17,7 +17,7 @@ from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, classif
 from airflow_provider_datagen.core.ratelimit import open_limiter
 from airflow_provider_datagen.core.runner.aio import LoopThread, run_async
 from airflow_provider_datagen.core.runner.commit import chunks
-from airflow_provider_datagen.core.runner.config import RunConfig
+from airflow_provider_datagen.core.runner.config import RUN_OPTIONS, RunConfig
 from airflow_provider_datagen.core.runner.driver import Runner, run_sequential
 from airflow_provider_datagen.core.runner.failures import DEFAULT_MAX_REPEATED_FAILURES
 from airflow_provider_datagen.core.runner.interpreter import has_async, has_fanout
@@ -135,26 +135,10 @@ def run_items(
     ``redo_completed="other_version"`` regenerates items completed (or filtered) under another
     processor version; ``"never"`` (the default) keeps them (see :func:`~airflow_provider_datagen.core.plan_resume`).
     """
-    config = RunConfig(
-        key_field=key_field,
-        processor_version=processor_version,
-        writer_id=writer_id,
-        epoch=epoch,
-        checkpoint_every=checkpoint_every,
-        fail_fast=fail_fast,
-        checkpoint_interval=checkpoint_interval,
-        airflow=airflow,
-        progress=progress,
-        reraise=reraise,
-        concurrency=concurrency,
-        redo_completed=redo_completed,
-        retry=retry,
-        rate_limit=rate_limit,
-        rate_limit_storage=rate_limit_storage,
-        budget_usd=budget_usd,
-        budget_tokens=budget_tokens,
-        max_repeated_failures=max_repeated_failures,
-    )
+    # the keyword arguments, bundled and checked once (config.py); tests keep this signature and
+    # RunConfig's fields the same names
+    arguments = locals()
+    config = RunConfig(**{name: arguments[name] for name in RUN_OPTIONS})
     return run_configured(log, items, process_or_pipeline, config)
 
 
