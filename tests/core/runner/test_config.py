@@ -55,7 +55,7 @@ def test_a_budget_shortens_the_commit_interval_only() -> None:
 
 
 def test_a_rate_limit_dict_is_stored_as_a_rate_limit() -> None:
-    config = RunConfig(rate_limit={"requests_per_minute": 60, "key": "k"})
+    config = RunConfig(rate_limit={"requests_per_minute": 60, "key": "k"})  # type: ignore[arg-type]
     assert config.rate_limit == RateLimit(requests_per_minute=60, key="k")
 
 
