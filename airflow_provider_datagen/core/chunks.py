@@ -106,8 +106,8 @@ def plan_chunks(
     else:
         planned = _plan_list_chunks(log, source, key_field, chunk_size, processor_version, max_chunks, redo_completed)
     if record:
-        # Deferred: rerun reads the planner's and this module's functions (a cycle at import time).
-        from airflow_provider_datagen.core.rerun import record_plan_source
+        # Deferred: next_run reads the planner's and this module's functions (a cycle at import time).
+        from airflow_provider_datagen.core.next_run import record_plan_source
 
         version, redo = processor_version, redo_completed
         record_plan_source(log, source, planned, key_field=key_field, processor_version=version, redo_completed=redo)

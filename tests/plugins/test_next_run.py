@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_datagen.core import CheckpointLog, rerun, run_items
+from airflow_provider_datagen.core import CheckpointLog, next_run, run_items
 from airflow_provider_datagen.core.chunks import plan_chunks
-from airflow_provider_datagen.core.rerun import record_plan_source
+from airflow_provider_datagen.core.next_run import record_plan_source
 from airflow_provider_datagen.core.sources import prepare_items
 from airflow_provider_datagen.core.store.source_ref import recorded_source
 from tests.plugins.util import escaped
@@ -168,7 +168,7 @@ def test_a_path_source_past_the_ui_limit_is_not_classified(
     client: TestClient, ui_log: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The API server does not hold a big source's ids and fingerprints: the panel says why, log view kept."""
-    monkeypatch.setattr(rerun, "UI_CLASSIFY_LIMIT", 5)  # the source has 6 items
+    monkeypatch.setattr(next_run, "UI_CLASSIFY_LIMIT", 5)  # the source has 6 items
     lg = ui_log(P, "too_large")
     source = every_class(lg, "parquet", tmp_path)
     panel = client.get(f"/datagen/experiments/{P}/too_large").text

@@ -1,4 +1,6 @@
-"""``core/rerun.py`` and ``core/store/source_ref.py``: what a rerun would do over a recorded source, one item's row."""
+"""``core/next_run.py`` and ``core/store/source_ref.py``: what the next run would do over a recorded source;
+one item's row.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from airflow_provider_datagen.core import CheckpointLog, run_items
 from airflow_provider_datagen.core.chunks import plan_chunks
 from airflow_provider_datagen.core.ids import root_item_id
-from airflow_provider_datagen.core.rerun import record_plan_source, rerun_counts, source_input, source_item
+from airflow_provider_datagen.core.next_run import record_plan_source, rerun_counts, source_input, source_item
 from airflow_provider_datagen.core.store.source_ref import recorded_source, strip_credentials
 from airflow_provider_datagen.exceptions import InvalidItemError
 
