@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -232,24 +232,53 @@ def _sparse_take(values: list[pa.Array], idx: np.ndarray, present: np.ndarray) -
     return pc.take(flat, pa.array(np.where(present, idx, 0), mask=~present))
 
 
+class _Applied(NamedTuple):
+    """The rows the fold applies, in (item, sequence) order, and what it reads of each item beside them."""
+
+    rows: np.ndarray  # the applied rows (positions in scan order)
+    seg: np.ndarray  # each item's first position in ``rows``
+    codes: np.ndarray  # each item's code
+    last_seq: np.ndarray
+    max_epoch: np.ndarray
+    violations: np.ndarray
+    seq: np.ndarray  # every row's item_seq, in scan order
+    row_kind: np.ndarray  # each applied row's type code
+    created_rank: np.ndarray  # each row's place among the kept ITEM_CREATED strings
+    terminal_rank: np.ndarray  # each row's place among the kept TERMINAL strings
+    dictionary: pa.Array  # each code's item id
+
+
+class _Generation(NamedTuple):
+    """Per item, its current generation: from its last ITEM_CREATED to its first TERMINAL after it."""
+
+    last_created: np.ndarray  # position of the last ITEM_CREATED, -1 without one
+    has_created: np.ndarray
+    first_term: np.ndarray  # position of the first TERMINAL after it, past the rows without one
+    failures: np.ndarray  # FAILED rows (not transient) within the generation
+    terminated: np.ndarray
+
+
 def _fold(acc: _Compacted, ids: pa.Array | None) -> tuple[pa.Table, np.ndarray]:
     """The vectorized fold over compacted rows; returns the state table and each state row's item code."""
-    n = acc.rows
-    if n == 0:
+    if acc.rows == 0:
         return STATE_SCHEMA.empty_table(), np.zeros(0, np.int64)
-    k1, dictionary = acc.keys(ids)
-    seq = np.concatenate(acc.seq)
-    acc.seq = []
-    k1 |= seq
-    kind = np.concatenate(acc.kind)
-    acc.kind = []
-    epoch = np.concatenate(acc.epoch)
-    acc.epoch = []
+    applied = _applied_rows(acc, ids)
+    generation = _generations(applied.row_kind, applied.seg, len(applied.rows))
+    return _state_table(acc, applied, generation), applied.codes
 
+
+def _sort_keys(
+    acc: _Compacted, k1: np.ndarray, epoch: np.ndarray
+) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Whether the rows are in key order already, their order by key (duplicates dropped), the sorted
+    keys, and each sorted row's first writer's epoch (None when no row has a copy: then its own).
+    """
+    n = acc.rows
     # A log written item by item is often in order already: then no sort and no gathers.
     ordered = n < 2 or bool(np.all(k1[1:] > k1[:-1]))
     order = np.arange(n) if ordered else np.argsort(k1, kind="stable")
     sk = k1 if ordered else k1[order]
+    s_first = None
     if not ordered and bool(np.any(sk[1:] == sk[:-1])):
         # Rare path (retried batches, zombies, concurrent owners): drop exact duplicates keeping the
         # highest epoch, then order each sequence by (-epoch, event_key) so its first row wins.
@@ -265,9 +294,22 @@ def _fold(acc: _Compacted, ids: pa.Array | None) -> tuple[pa.Table, np.ndarray]:
         s_first = first[o2]
         sk = k1[order]
         del ekey
-    else:
-        s_first = None
     acc.ekey = []
+    return ordered, order, sk, s_first
+
+
+def _applied_rows(acc: _Compacted, ids: pa.Array | None) -> _Applied:
+    """Sort the rows, fence out the stale ones, and reduce each item's sequence bounds and violations."""
+    k1, dictionary = acc.keys(ids)
+    seq = np.concatenate(acc.seq)
+    acc.seq = []
+    k1 |= seq
+    kind = np.concatenate(acc.kind)
+    acc.kind = []
+    epoch = np.concatenate(acc.epoch)
+    acc.epoch = []
+
+    ordered, order, sk, s_first = _sort_keys(acc, k1, epoch)
     del k1
     m = len(order)
     s_code = sk >> 32
@@ -314,8 +356,6 @@ def _fold(acc: _Compacted, ids: pa.Array | None) -> tuple[pa.Table, np.ndarray]:
         rows = order[valid]
         seg = np.searchsorted(valid, seg)  # each item's first row among the valid ones
     del order, s_code, s_epoch, s_first, first_in_seq
-    n_items = len(seg)
-    nv = len(rows)
 
     # The generation logic runs over the sparse rows that matter (ITEM_CREATED, TERMINAL, FAILED: a
     # fraction of the log) instead of full-length passes per type. Positions index the applied rows in
@@ -325,6 +365,24 @@ def _fold(acc: _Compacted, ids: pa.Array | None) -> tuple[pa.Table, np.ndarray]:
     created_rank = np.cumsum(kind == _CREATED, dtype=np.int32) - 1
     terminal_rank = np.cumsum(kind == _TERMINAL, dtype=np.int32) - 1
     del kind
+    return _Applied(
+        rows,
+        seg,
+        codes_of_items,
+        last_seq,
+        max_epoch,
+        violations,
+        seq,
+        row_kind,
+        created_rank,
+        terminal_rank,
+        dictionary,
+    )
+
+
+def _generations(row_kind: np.ndarray, seg: np.ndarray, nv: int) -> _Generation:
+    """Each item's current generation over the applied rows (``nv`` of them, items starting at ``seg``)."""
+    n_items = len(seg)
 
     def where(value: int) -> tuple[np.ndarray, np.ndarray]:
         at = np.flatnonzero(row_kind == value)
@@ -346,34 +404,41 @@ def _fold(acc: _Compacted, ids: pa.Array | None) -> tuple[pa.Table, np.ndarray]:
     f_at, f_item = where(_FAILED)
     counted = (f_at > last_created[f_item]) & (f_at < first_term[f_item])
     failures = np.bincount(f_item[counted], minlength=n_items).astype(np.int64)
-    del c_at, c_item, t_at, t_item, f_at, f_item
-
     terminated = has_created & (first_term < big)
+    return _Generation(last_created, has_created, first_term, failures, terminated)
+
+
+def _state_table(acc: _Compacted, applied: _Applied, gen: _Generation) -> pa.Table:
+    """The state rows (:data:`STATE_SCHEMA`) of the applied rows and their generations."""
+    rows, has_created = applied.rows, gen.has_created
     # The stored status of each item's first TERMINAL; the others are running or never started.
     status = pc.coalesce(
-        _sparse_take(acc.terminal_status, terminal_rank[rows[np.where(terminated, first_term, 0)]], terminated),
+        _sparse_take(
+            acc.terminal_status,
+            applied.terminal_rank[rows[np.where(gen.terminated, gen.first_term, 0)]],
+            gen.terminated,
+        ),
         pc.if_else(pa.array(has_created), ItemStatus.RUNNING.value, ItemStatus.NEVER_STARTED.value).cast(pa.string()),
     )
 
     # A null index takes a null: items without ITEM_CREATED get no fingerprint in the same pass.
-    created_rows = rows[np.where(has_created, last_created, 0)]
-    created_at = created_rank[created_rows]
+    created_rows = rows[np.where(has_created, gen.last_created, 0)]
+    created_at = applied.created_rank[created_rows]
     fp = _sparse_take(acc.created_fp, created_at, has_created)
     pv = _sparse_take(acc.created_pv, created_at, has_created)
-    cseq = pa.array(np.where(has_created, seq[created_rows], 0).astype(np.int64), mask=~has_created)
+    cseq = pa.array(np.where(has_created, applied.seq[created_rows], 0).astype(np.int64), mask=~has_created)
 
-    table = pa.table(
+    return pa.table(
         {
-            "item_id": pc.take(dictionary, pa.array(codes_of_items)),
+            "item_id": pc.take(applied.dictionary, pa.array(applied.codes)),
             "status": status,
             "input_fingerprint": fp,
             "processor_version": pv,
             "created_seq": cseq,
-            "last_seq": pa.array(last_seq, pa.int64()),
-            "max_epoch": pa.array(max_epoch.astype(np.int64), pa.int64()),
-            "failures": pa.array(np.where(has_created, failures, 0), pa.int64()),
-            "violations": pa.array(violations, pa.int64()),
+            "last_seq": pa.array(applied.last_seq, pa.int64()),
+            "max_epoch": pa.array(applied.max_epoch.astype(np.int64), pa.int64()),
+            "failures": pa.array(np.where(has_created, gen.failures, 0), pa.int64()),
+            "violations": pa.array(applied.violations, pa.int64()),
         },
         schema=STATE_SCHEMA,
     )
-    return table, codes_of_items
