@@ -7,6 +7,8 @@ mapped worker reads exactly the items that were planned.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import itertools
 import math
 import os
@@ -37,12 +39,16 @@ from airflow_provider_datagen.core.source_scan import (
     row_count,
     row_ranges,
     scan_batches,
+    source_format,
 )
 from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source, source_path
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
+from airflow_provider_datagen.core.store.source_ref import INLINE, PATH, SourceRef, record_source, strip_credentials
 from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
 _LABEL_KEY = 40
@@ -106,12 +112,90 @@ def plan_chunks(
     else:
         planned = _plan_list_chunks(log, source, key_field, chunk_size, processor_version, max_chunks, redo_completed)
     if record:
-        # Deferred: next_run reads the planner's and this module's functions (a cycle at import time).
-        from airflow_provider_datagen.core.next_run import record_plan_source
-
         version, redo = processor_version, redo_completed
         record_plan_source(log, source, planned, key_field=key_field, processor_version=version, redo_completed=redo)
     return planned
+
+
+# --- the record of what a plan read (core/next_run.py reads it back) -----------------------------------
+
+#: The format a recorded inline source has: its snapshot beside the log.
+SNAPSHOT = "snapshot"
+
+
+def plan_source_ref(
+    log: CheckpointLog,
+    source: Any,
+    *,
+    key_field: str,
+    processor_version: str,
+    redo_completed: str,
+    log_version: int,
+    items: int,
+    snapshot: str | None = None,
+    conn_id: str | None = None,
+    storage_option_names: Sequence[str] = (),
+) -> SourceRef:
+    """The record of what a plan read. An inline source is snapshotted here unless ``snapshot`` names its snapshot.
+
+    (The plan writes the snapshot only when something is pending; the record needs it either way,
+    and the snapshot is content-addressed, so an existing one is not written again.)
+    """
+    if isinstance(source, (list, tuple)):
+        kind, fmt = INLINE, SNAPSHOT
+        uri = snapshot or log.write_source_snapshot(load_source(list(source), key_field))
+        redacted = False
+    else:
+        kind = PATH
+        path = source_path(source)
+        fmt = source_format(path)
+        uri, redacted = strip_credentials(path)
+    return SourceRef(
+        kind=kind,
+        uri=uri,
+        format=fmt,
+        key_field=key_field,
+        conn_id=conn_id,
+        storage_option_names=tuple(sorted(storage_option_names)),
+        uri_redacted=redacted,
+        log_version=int(log_version),
+        processor_version=processor_version,
+        redo_completed=redo_completed,
+        items=int(items),
+        recorded_at=dt.datetime.now(dt.UTC),
+    )
+
+
+def record_plan_source(
+    log: CheckpointLog,
+    source: Any,
+    planned: PlannedChunks,
+    *,
+    key_field: str,
+    processor_version: str,
+    redo_completed: str,
+    conn_id: str | None = None,
+    storage_option_names: Sequence[str] = (),
+) -> SourceRef:
+    """Record beside the log the source a plan read (``planned``: :func:`~.chunks.plan_chunks`); returns the record."""
+    # the first spec only: encoding every chunk's ids (planned.chunks) to read one field would copy them all
+    first = planned.specs[0] if planned.specs else None
+    ref = plan_source_ref(
+        log,
+        source,
+        key_field=key_field,
+        processor_version=processor_version,
+        redo_completed=redo_completed,
+        log_version=planned.plan.log_version,
+        items=planned.plan.total,
+        snapshot=first.source if first is not None and first.snapshot else None,
+        conn_id=conn_id,
+        storage_option_names=storage_option_names,
+    )
+    if planned.removed_ids is not None:  # what counts and exports leave out (see store/source_ref.py)
+        ref = dataclasses.replace(ref, removed_ids=planned.removed_ids)
+    record_source(log, ref)
+    return ref
 
 
 def _plan_list_chunks(

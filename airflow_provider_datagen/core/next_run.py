@@ -6,15 +6,14 @@ that source again and ask the planner's own functions what it makes of it agains
 plan's steps (:func:`~.source_scan.scan_source`, :func:`~.planner.match_states`,
 :func:`~.planner.classes`), so memory is the source's ids and fingerprints, never its rows.
 
-:func:`record_plan_source` records what a plan task read; :func:`rerun_counts` classifies;
+:func:`~.chunks.record_plan_source` records what a plan task read (planning owns the record, this
+module only reads it); :func:`rerun_counts` classifies;
 :func:`source_item` finds one item's row by its key (a filtered scan of the key column for Lance and
 Parquet, a streamed scan that stops at the match for JSONL).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import json
 import re
 from dataclasses import dataclass, field
@@ -38,8 +37,8 @@ from airflow_provider_datagen.core.planner import (
     classify,
     match_states,
 )
-from airflow_provider_datagen.core.source_scan import JSONL, LANCE, PARQUET, scan_source, source_format
-from airflow_provider_datagen.core.sources import load_source, prepare_items, source_path
+from airflow_provider_datagen.core.source_scan import JSONL, LANCE, PARQUET, scan_source
+from airflow_provider_datagen.core.sources import prepare_items, source_path
 from airflow_provider_datagen.core.store.paths import open_input_file
 from airflow_provider_datagen.core.store.projection import rows_of
 from airflow_provider_datagen.core.store.source_ref import (
@@ -48,18 +47,12 @@ from airflow_provider_datagen.core.store.source_ref import (
     SourceRef,
     lance_rows_by_key,
     open_lance_source,
-    record_source,
-    strip_credentials,
 )
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterator
 
-    from airflow_provider_datagen.core.chunks import PlannedChunks
-    from airflow_provider_datagen.core.store.log import CheckpointLog
-
-SNAPSHOT = "snapshot"
 #: Key characters every JSON writer leaves as they are.
 _UNESCAPED = re.compile(r"[A-Za-z0-9 _.:@-]+")
 
@@ -96,81 +89,6 @@ class RerunCounts:
             "total": self.total,
             "kept_other_version": dict(sorted(self.kept_other_version.items())),
         }
-
-
-def plan_source_ref(
-    log: CheckpointLog,
-    source: Any,
-    *,
-    key_field: str,
-    processor_version: str,
-    redo_completed: str,
-    log_version: int,
-    items: int,
-    snapshot: str | None = None,
-    conn_id: str | None = None,
-    storage_option_names: Sequence[str] = (),
-) -> SourceRef:
-    """The record of what a plan read. An inline source is snapshotted here unless ``snapshot`` names its snapshot.
-
-    (The plan writes the snapshot only when something is pending; the record needs it either way,
-    and the snapshot is content-addressed, so an existing one is not written again.)
-    """
-    if isinstance(source, (list, tuple)):
-        kind, fmt = INLINE, SNAPSHOT
-        uri = snapshot or log.write_source_snapshot(load_source(list(source), key_field))
-        redacted = False
-    else:
-        kind = PATH
-        path = source_path(source)
-        fmt = source_format(path)
-        uri, redacted = strip_credentials(path)
-    return SourceRef(
-        kind=kind,
-        uri=uri,
-        format=fmt,
-        key_field=key_field,
-        conn_id=conn_id,
-        storage_option_names=tuple(sorted(storage_option_names)),
-        uri_redacted=redacted,
-        log_version=int(log_version),
-        processor_version=processor_version,
-        redo_completed=redo_completed,
-        items=int(items),
-        recorded_at=dt.datetime.now(dt.UTC),
-    )
-
-
-def record_plan_source(
-    log: CheckpointLog,
-    source: Any,
-    planned: PlannedChunks,
-    *,
-    key_field: str,
-    processor_version: str,
-    redo_completed: str,
-    conn_id: str | None = None,
-    storage_option_names: Sequence[str] = (),
-) -> SourceRef:
-    """Record beside the log the source a plan read (``planned``: :func:`~.chunks.plan_chunks`); returns the record."""
-    # the first spec only: encoding every chunk's ids (planned.chunks) to read one field would copy them all
-    first = planned.specs[0] if planned.specs else None
-    ref = plan_source_ref(
-        log,
-        source,
-        key_field=key_field,
-        processor_version=processor_version,
-        redo_completed=redo_completed,
-        log_version=planned.plan.log_version,
-        items=planned.plan.total,
-        snapshot=first.source if first is not None and first.snapshot else None,
-        conn_id=conn_id,
-        storage_option_names=storage_option_names,
-    )
-    if planned.removed_ids is not None:  # what counts and exports leave out (see store/source_ref.py)
-        ref = dataclasses.replace(ref, removed_ids=planned.removed_ids)
-    record_source(log, ref)
-    return ref
 
 
 #: Above this many items the UI does not classify a path source: the API server would hold the

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_datagen.core import CheckpointLog, run_items
-from airflow_provider_datagen.core.chunks import plan_chunks
+from airflow_provider_datagen.core.chunks import plan_chunks, record_plan_source
 from airflow_provider_datagen.core.ids import root_item_id
-from airflow_provider_datagen.core.next_run import record_plan_source, rerun_counts, source_input, source_item
+from airflow_provider_datagen.core.next_run import rerun_counts, source_input, source_item
 from airflow_provider_datagen.core.store.source_ref import recorded_source, strip_credentials
 from airflow_provider_datagen.exceptions import InvalidItemError
 

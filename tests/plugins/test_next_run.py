@@ -21,8 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_datagen.core import CheckpointLog, next_run, run_items
-from airflow_provider_datagen.core.chunks import plan_chunks
-from airflow_provider_datagen.core.next_run import record_plan_source
+from airflow_provider_datagen.core.chunks import plan_chunks, record_plan_source
 from airflow_provider_datagen.core.sources import prepare_items
 from airflow_provider_datagen.core.store.source_ref import recorded_source
 from tests.plugins.util import escaped
