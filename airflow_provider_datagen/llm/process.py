@@ -17,11 +17,13 @@ Retry-After (:data:`~airflow_provider_datagen.llm.errors.RETRYABLE_ERRORS`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow_provider_datagen.exceptions import ConfigurationError, bad_argument
@@ -96,49 +98,17 @@ def llm_process(
     owner = "llm_process"
     template = PromptTemplate(prompt, owner)
     output = OutputSpec(output_type, output_field, owner)
-    for param, value in (("llm_conn_id", llm_conn_id), ("model_id", model_id), ("instructions", instructions)):
-        if value is not None and not isinstance(value, str):
-            raise bad_argument(owner, param, value, "is not a string", "give a string, or None")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-        raise bad_argument(owner, "timeout", timeout, "is not a positive number of seconds", "e.g. 120")
-    for param, mapping in (("model_settings", model_settings), ("agent_kwargs", agent_kwargs)):
-        if mapping is not None and not isinstance(mapping, Mapping):
-            raise bad_argument(owner, param, mapping, "is not a dict", "give a dict of keyword arguments, or None")
-    settings: dict[str, Any] = {"max_retries": 0, **(model_settings or {})}
-    if timeout is not None:
-        settings["request_timeout"] = float(timeout)
-    extra = dict(agent_kwargs or {})
-    for reserved in ("output_type", "instructions", "model_settings", "model"):
-        if reserved in extra:
-            raise bad_argument(
-                owner, "agent_kwargs", extra, f"sets {reserved!r}", f"pass {reserved}= to llm_process itself"
-            )
-
-    def build() -> Any:
-        try:
-            from airflow_provider_datagen.llm.slots import with_slots
-
-            agent_output = output.agent_output_type()
-            if model is not None:
-                from pydantic_ai import Agent
-
-                agent: Any = Agent(
-                    model,
-                    output_type=agent_output,
-                    instructions=instructions,
-                    model_settings=cast("Any", settings),  # a ModelSettings TypedDict, built as a dict
-                    **extra,
-                )
-            else:
-                agent = _hook_agent(llm_conn_id, model_id, agent_output, instructions, settings, extra)
-        except ImportError as exc:
-            raise ConfigurationError(f"llm_process: a model step needs pydantic-ai ({exc}); {_INSTALL}") from exc
-        agent.model = with_slots(agent.model)
-        if output.schema is not None:
-            agent.output_validator(output.check_answer)
-        return agent
-
-    agents = _AgentCache(build)
+    call = _ModelCall.checked(
+        owner,
+        llm_conn_id=llm_conn_id,
+        model_id=model_id,
+        instructions=instructions,
+        timeout=timeout,
+        model_settings=model_settings,
+        agent_kwargs=agent_kwargs,
+        model=model,
+    )
+    agents = _AgentCache(functools.partial(_build_agent, call, output))
 
     async def process(item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         text = template.render(item, ctx.fields, ctx.item_id)
@@ -150,22 +120,101 @@ def llm_process(
             result = await agent.run(text)
         return output.fields_of(result.output)
 
-    description: dict[str, Any] = {
-        "prompt": template.source,
-        "instructions": instructions,
-        "output": output.describe(),
-        "model_id": model_id,
-        "model": model if isinstance(model, str) or model is None else type(model).__name__,
-        "model_settings": settings,
-        "agent_kwargs": extra,
-    }
-    if model is None and llm_conn_id not in (None, _DEFAULT_CONN_ID):
-        # only when named: the versions of steps on the default connection (or on model=) stay as they were
-        description["llm_conn_id"] = llm_conn_id
-    digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=_stable_name).encode()).hexdigest()
-    process.version = f"llm-{digest[:12]}"  # type: ignore[attr-defined]
+    process.version = _version(template, output, call)  # type: ignore[attr-defined]
     process.takes_request_slots = True  # type: ignore[attr-defined]  # a slot per request, not per call
     return process
+
+
+@dataclass(frozen=True)
+class _ModelCall:
+    """How a step's agent asks the model: the arguments of :func:`llm_process` past the prompt and output, checked."""
+
+    llm_conn_id: str | None
+    model_id: str | None
+    instructions: str | None
+    settings: dict[str, Any]  # the pydantic-ai ModelSettings, max_retries and request_timeout included
+    extra: dict[str, Any]  # the Agent's other keyword arguments
+    model: Any
+
+    @classmethod
+    def checked(
+        cls,
+        owner: str,
+        *,
+        llm_conn_id: str | None,
+        model_id: str | None,
+        instructions: str | None,
+        timeout: float | None,
+        model_settings: Mapping[str, Any] | None,
+        agent_kwargs: Mapping[str, Any] | None,
+        model: Any,
+    ) -> _ModelCall:
+        """The call of these arguments; a ``bad_argument`` error names the first that is wrong."""
+        for param, value in (("llm_conn_id", llm_conn_id), ("model_id", model_id), ("instructions", instructions)):
+            if value is not None and not isinstance(value, str):
+                raise bad_argument(owner, param, value, "is not a string", "give a string, or None")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise bad_argument(owner, "timeout", timeout, "is not a positive number of seconds", "e.g. 120")
+        for param, mapping in (("model_settings", model_settings), ("agent_kwargs", agent_kwargs)):
+            if mapping is not None and not isinstance(mapping, Mapping):
+                raise bad_argument(owner, param, mapping, "is not a dict", "give a dict of keyword arguments, or None")
+        settings: dict[str, Any] = {"max_retries": 0, **(model_settings or {})}
+        if timeout is not None:
+            settings["request_timeout"] = float(timeout)
+        extra = dict(agent_kwargs or {})
+        for reserved in ("output_type", "instructions", "model_settings", "model"):
+            if reserved in extra:
+                raise bad_argument(
+                    owner, "agent_kwargs", extra, f"sets {reserved!r}", f"pass {reserved}= to llm_process itself"
+                )
+        return cls(llm_conn_id, model_id, instructions, settings, extra, model)
+
+
+def _build_agent(call: _ModelCall, output: OutputSpec) -> Any:
+    """The step's agent (run in a worker thread by :class:`_AgentCache`): its model takes the run's slots."""
+    try:
+        from airflow_provider_datagen.llm.slots import with_slots
+
+        agent_output = output.agent_output_type()
+        if call.model is not None:
+            from pydantic_ai import Agent
+
+            agent: Any = Agent(
+                call.model,
+                output_type=agent_output,
+                instructions=call.instructions,
+                model_settings=cast("Any", call.settings),  # a ModelSettings TypedDict, built as a dict
+                **call.extra,
+            )
+        else:
+            agent = _hook_agent(
+                call.llm_conn_id, call.model_id, agent_output, call.instructions, call.settings, call.extra
+            )
+    except ImportError as exc:
+        raise ConfigurationError(f"llm_process: a model step needs pydantic-ai ({exc}); {_INSTALL}") from exc
+    agent.model = with_slots(agent.model)
+    if output.schema is not None:
+        agent.output_validator(output.check_answer)
+    return agent
+
+
+def _version(template: PromptTemplate, output: OutputSpec, call: _ModelCall) -> str:
+    """The process's ``version``: a digest of what the DAG file says about the step (see :func:`llm_process`)."""
+    model = call.model
+    description: dict[str, Any] = {
+        "prompt": template.source,
+        "instructions": call.instructions,
+        "output": output.describe(),
+        "model_id": call.model_id,
+        "model": model if isinstance(model, str) or model is None else type(model).__name__,
+        "model_settings": call.settings,
+        "agent_kwargs": call.extra,
+    }
+    if model is None and call.llm_conn_id not in (None, _DEFAULT_CONN_ID):
+        # only when named: the versions of steps on the default connection (or on model=) stay as they were
+        description["llm_conn_id"] = call.llm_conn_id
+    digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=_stable_name).encode()).hexdigest()
+    return f"llm-{digest[:12]}"
 
 
 def _hook_agent(
