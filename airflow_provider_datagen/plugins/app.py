@@ -211,10 +211,21 @@ def create_app() -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
+    _add_error_handlers(app)
     experiments = APIRouter(dependencies=[Depends(_refuse_dag_id_query)])
+    _add_experiment_routes(experiments)
+    _add_item_routes(experiments)
     task_instances = APIRouter(
         dependencies=[Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))]
     )
+    _add_task_instance_routes(task_instances)
+    app.include_router(experiments)
+    app.include_router(task_instances)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors as a page for a browser, as JSON for the API routes (and for 401/403 on any route)."""
 
     @app.exception_handler(NotFoundError)
     def _not_found(request: Request, exc: NotFoundError) -> Response:
@@ -236,7 +247,11 @@ def create_app() -> FastAPI:
             return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
         return _html(pages.error_page(exc.status_code, str(exc.detail), _urls(request)), exc.status_code)
 
-    # -- index ---------------------------------------------------------------------------------
+
+def _add_experiment_routes(experiments: APIRouter) -> None:
+    """The index and one experiment's status and items, as pages and JSON."""
+
+    # -- index --------------------------------------------------------------------------------
 
     @experiments.get("/", response_class=HTMLResponse, summary="All experiments (HTML)")
     def index(request: Request, access: Access) -> HTMLResponse:
@@ -265,6 +280,10 @@ def create_app() -> FastAPI:
     def api_items(pipeline: str, experiment: str, args: ItemsArgs, access: Access) -> JSONResponse:
         reader = _reader_for(access, pipeline, experiment)
         return JSONResponse(_items(reader, pipeline, experiment, args), headers=_NO_STORE)
+
+
+def _add_item_routes(experiments: APIRouter) -> None:
+    """One item's trajectory and state, and a blob's bytes."""
 
     # -- item ----------------------------------------------------------------------------------
 
@@ -298,6 +317,10 @@ def create_app() -> FastAPI:
             },
         )
 
+
+def _add_task_instance_routes(task_instances: APIRouter) -> None:
+    """What a task instance wrote, for the task-instance tab."""
+
     # -- task instance -------------------------------------------------------------------------
     # run_id is a path parameter that may span segments: Airflow's default run id pattern has no
     # "/", but [scheduler] allowed_run_id_pattern can allow one, and the UI only percent-encodes it
@@ -314,7 +337,3 @@ def create_app() -> FastAPI:
     def api_ti(dag_id: str, run_id: str, task_id: str, map_index: str, access: Access) -> JSONResponse:
         data = _ti_data(access, dag_id, run_id, task_id, map_index)
         return JSONResponse(json.loads(json.dumps(data, default=str)), headers=_NO_STORE)
-
-    app.include_router(experiments)
-    app.include_router(task_instances)
-    return app
