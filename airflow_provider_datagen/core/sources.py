@@ -81,7 +81,7 @@ class SourceItem:
             other.key,
             other.fingerprint,
             other.position,
-            dict(other._data),
+            other.data,  # a copy already
         )
 
     __hash__ = None  # type: ignore[assignment]  # equal by content, like the dataclass it replaced

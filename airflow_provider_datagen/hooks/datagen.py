@@ -51,7 +51,8 @@ def redact_uri(uri: str) -> str:
     parts = urlsplit(uri)
     if "@" not in parts.netloc:
         return uri
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+    netloc = "***@" + parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _json_problem(err: ValueError) -> str:

@@ -476,7 +476,8 @@ class Reader:
                 continue
             if result["items_total"]:
                 found.append(result)
-        return {**ti._asdict(), "experiments": found}
+        coords = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index}
+        return {**coords, "experiments": found}
 
     def _ti_result(self, opened: Opened, ti: TaskInstanceKey) -> dict[str, Any]:
         event_log, version = opened
