@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from hypothesis import settings
+
+from tests._support import profiles
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -54,11 +55,10 @@ os.environ.update(
 )
 
 
-# `make unit` (the inner loop) runs "quick", `make test` "full" (Hypothesis's defaults). A test's own
-# @settings(max_examples=...) wins over either profile: the profile sizes only the tests that leave it unset.
-settings.register_profile("full")
-settings.register_profile("quick", max_examples=20)
-settings.load_profile(os.environ.get("DATAGEN_HYPOTHESIS_PROFILE", "quick"))
+# `make unit` (the inner loop) runs the "quick" Hypothesis profile, `make test` "full"; loaded before any test
+# module is imported, so each module's @settings inherit it. A test that wants more examples than the
+# default asks for them through tests._support.profiles.examples(n), which the quick profile caps.
+profiles.load()
 
 
 class _WorkerSummaryLines:

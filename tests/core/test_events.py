@@ -25,6 +25,7 @@ from airflow_provider_datagen.core.events import (
 )
 from airflow_provider_datagen.core.schema import DEFAULT_BLOB_THRESHOLD, VALUE_KIND_BYTES, VALUE_KIND_JSON
 from airflow_provider_datagen.exceptions import DatagenError, InvalidValueError
+from tests._support.profiles import examples
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -208,7 +209,7 @@ source_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=examples(300), deadline=None, derandomize=True)
 @given(source_values)
 def test_the_canonical_text_of_a_source_value_decodes_to_the_same_value(value: Any) -> None:
     text = canonical_source_json(value)

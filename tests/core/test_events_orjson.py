@@ -22,6 +22,7 @@ from airflow_provider_datagen.core.events import (
     orjson_plain,
 )
 from airflow_provider_datagen.exceptions import InvalidValueError
+from tests._support.profiles import examples
 
 # The stdlib's canonical form, written out here so the test does not lean on the code under test.
 STDLIB = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -57,7 +58,7 @@ def stdlib_bytes(value: object) -> bytes | None:
         return None
 
 
-@settings(max_examples=3000, deadline=None, derandomize=True)
+@settings(max_examples=examples(3000), deadline=None, derandomize=True)
 @given(values)
 def test_orjson_bytes_equal_the_stdlib_canonical_bytes_or_orjson_declines(value: object) -> None:
     fast = orjson_canonical(value)
@@ -65,7 +66,7 @@ def test_orjson_bytes_equal_the_stdlib_canonical_bytes_or_orjson_declines(value:
         assert fast == stdlib_bytes(value)
 
 
-@settings(max_examples=1000, deadline=None, derandomize=True)
+@settings(max_examples=examples(1000), deadline=None, derandomize=True)
 @given(
     st.dictionaries(st.text(max_size=8), st.floats(allow_nan=False, allow_infinity=False) | st.integers(), max_size=6)
 )

@@ -53,9 +53,10 @@ from tests._support.engine import (
     statuses,
     write_events,
 )
+from tests._support.profiles import examples
 
 SETTINGS = settings(
-    max_examples=8,
+    max_examples=examples(8),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
@@ -377,7 +378,7 @@ def parts_of(data: Any, whole: dict[str, Any]) -> list[dict[str, str]]:
     ]
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
+@settings(max_examples=examples(100), deadline=None, derandomize=True)
 @given(whole=universe, data=st.data())
 def test_results_merge_monoid(whole: dict[str, Any], data: Any) -> None:
     a, b, c = parts_of(data, whole)
@@ -387,7 +388,7 @@ def test_results_merge_monoid(whole: dict[str, Any], data: Any) -> None:
     assert results_fingerprint(merge_results(merge_results(a, b), c)) == results_fingerprint(merge_results(a, b, c))
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
+@settings(max_examples=examples(100), deadline=None, derandomize=True)
 @given(whole=universe, data=st.data())
 def test_results_merge_commutative(whole: dict[str, Any], data: Any) -> None:
     a, b, _ = parts_of(data, whole)
@@ -426,7 +427,7 @@ def canon_state(table: pa.Table) -> list[dict[str, Any]]:
     return fold_table(table).sort_by("item_id").to_pylist()
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=examples(8), deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(data=st.data(), every=EVERY)
 def test_manifest_merge_semilattice(tmp_path: Any, baselines: Any, data: Any, every: int | None) -> None:
     n = 5

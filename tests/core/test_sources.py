@@ -33,6 +33,7 @@ from airflow_provider_datagen.core.events import fingerprint_of
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, root_item_id
 from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source
 from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
+from tests._support.profiles import examples
 
 
 def reference_prepare(items: Any, key_field: str = "id") -> list[tuple[str, str, Any, str, int]]:
@@ -180,7 +181,7 @@ class Upper(dict[str, Any]):
 BAD = ["bad value", "bad key", "no key", "not a mapping"]
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(source_items(), max_size=8))
 def test_prepare_items_matches_the_public_functions(items: list[Any]) -> None:
     expected = outcome(reference_prepare, items)
@@ -189,14 +190,14 @@ def test_prepare_items_matches_the_public_functions(items: list[Any]) -> None:
         assert outcome(prepare_items, items) == expected
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=examples(200), deadline=None, derandomize=True)
 @given(st.lists(st.tuples(st.one_of(good_keys, good_keys, bad_keys), values), max_size=10))
 def test_prepare_items_matches_on_plain_dicts_with_an_other_key_field(pairs: list[tuple[Any, Any]]) -> None:
     items = [{"name": key, "v": value, "id": 1} for key, value in pairs]
     assert outcome(prepare_items, items, "name") == outcome(reference_prepare, items, "name")
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(source_items(), max_size=8))
 def test_fingerprint_rows_gives_the_reference_ids_and_fingerprints_or_declines(items: list[Any]) -> None:
     """The planners' bulk path: the same ids and fingerprints as the reference, or None (never a wrong one)."""
@@ -250,7 +251,7 @@ def arrow_batches(draw: Any) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict(columns)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(arrow_batches())
 def test_fingerprint_batch_gives_the_row_paths_ids_and_fingerprints_or_declines(batch: pa.RecordBatch) -> None:
     got = sources.fingerprint_batch(batch, "id")

@@ -26,6 +26,7 @@ from airflow_provider_datagen.operators.datagen import (
     ItemsFailedError,
 )
 from tests._support.engine import export_rows
+from tests._support.profiles import examples
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -523,7 +524,7 @@ _JINJA_BITS = st.lists(
         {"render_template_as_native_obj": True},
     ],
 )
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=_JINJA_BITS)
 def test_templated_fields_render_exactly_as_airflow_renders_them(dag_kwargs: dict[str, Any], text: str) -> None:
     """Strings without Jinja markup skip compilation (a 1,000-item inline source cost the plan ~0.4 s);
