@@ -16,8 +16,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_datagen.core import run_items
-from airflow_provider_datagen.core.chunks import plan_chunks
-from airflow_provider_datagen.core.rerun import record_plan_source
+from airflow_provider_datagen.core.chunks import plan_chunks, record_plan_source
 from airflow_provider_datagen.triggers.datagen import DatagenStatusTrigger
 
 if TYPE_CHECKING:
