@@ -25,11 +25,11 @@ from airflow_provider_datagen.core.runner.attempts import call_step_async, takes
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
 from airflow_provider_datagen.core.runner.failures import CHUNK_STOPS
 from airflow_provider_datagen.core.runner.interpreter import COMPLETED, guarded
+from airflow_provider_datagen.core.runner.jobs import RootJob, RootJobs, root_jobs
 from airflow_provider_datagen.core.runner.signals import RunEnded
-from airflow_provider_datagen.core.runner.threads import RootJob, root_jobs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine, Iterable, Iterator
+    from collections.abc import Callable, Coroutine, Iterable
 
     from airflow_provider_datagen.core.fold import ItemState
     from airflow_provider_datagen.core.planner import ResumePlan
@@ -65,7 +65,7 @@ class AsyncDriver:
                 self._wake.set()
             raise RunEnded("the run ended while committing this item's progress") from exc
 
-    async def run(self, jobs: Iterator[RootJob]) -> None:
+    async def run(self, jobs: RootJobs) -> None:
         """Start items up to ``concurrency`` in flight, acknowledge each as it finishes (completion order)."""
         runner, shared = self.runner, self.runner.shared
         step, coord, _, _ = runner._leaf
@@ -150,6 +150,7 @@ class AsyncDriver:
         finally:
             self._restore_signals(loop, originals)
         if stopped is not None:
+            runner.release(jobs.pulled_unstarted())  # a clean stop: the rest of the pull never starts
             runner.flush()
             raise stopped
 

@@ -7,6 +7,7 @@ commit bounds what a crash costs: only unacknowledged work is redone (see docs/d
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.runner.report import RunReport
     from airflow_provider_datagen.core.runner.shared import RunShared
     from airflow_provider_datagen.core.sources import SourceItem
+
+logger = logging.getLogger(__name__)
 
 #: Inbox pulls are at least this large, so per-item acks cost about one commit per item.
 MIN_PULL = 64
@@ -104,6 +107,18 @@ class Committer(Interpreter):
         inbox.items_created(ids, fps, pv)
         self.report.events += self.shared.writer.commit(inbox)
         self.report.commits += 1
+
+    def release(self, item_ids: list[str]) -> None:
+        """Stage the release of items this run pulled but a clean stop never started (jobs.py).
+
+        Each one's generation holds only its ITEM_CREATED; a TERMINAL row with status
+        ``never_started`` closes it, so the item reads ``never_started`` (not ``running``) and the
+        next run pulls it as a fresh item, under a new ITEM_CREATED (docs/adr/0021).
+        """
+        for iid in item_ids:
+            self.batch.released(iid)
+        if item_ids:
+            logger.info("released %d pulled items that the stop left unstarted (never_started)", len(item_ids))
 
 
 def chunks(seq: list[str], n: int) -> Iterable[list[str]]:

@@ -13,18 +13,18 @@ from airflow_provider_datagen.core.fold import fold_events
 from airflow_provider_datagen.core.runner.attempts import call_step
 from airflow_provider_datagen.core.runner.commit import Committer
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
-from airflow_provider_datagen.core.runner.failures import on_failure
+from airflow_provider_datagen.core.runner.failures import CHUNK_STOPS, on_failure
 from airflow_provider_datagen.core.runner.interpreter import COMPLETED, guarded
 from airflow_provider_datagen.core.runner.signals import StepFailure
 from airflow_provider_datagen.core.schema import EventType, ItemStatus
 from airflow_provider_datagen.core.steps import Step
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from airflow_provider_datagen.core.events import StepCoord
     from airflow_provider_datagen.core.fold import ItemState
-    from airflow_provider_datagen.core.runner.threads import RootJob
+    from airflow_provider_datagen.core.runner.jobs import RootJobs
     from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
@@ -163,8 +163,8 @@ class Runner(Committer):
         return states
 
 
-def run_sequential(runner: Runner, jobs: Iterator[RootJob], tick: Callable[[], None]) -> None:
-    """Drive ``jobs`` (``threads.root_jobs``) one at a time on this thread: ``run_items`` with ``concurrency=1``.
+def run_sequential(runner: Runner, jobs: RootJobs, tick: Callable[[], None]) -> None:
+    """Drive ``jobs`` (a :class:`RootJobs`) one at a time on this thread: ``run_items`` with ``concurrency=1``.
 
     A budget is checked before each new root item (before a pull, too: a stop pulls nothing more);
     a fresh or restarted item of a one-step pipeline takes the short path (:meth:`Runner.run_fresh_leaf`).
@@ -174,16 +174,22 @@ def run_sequential(runner: Runner, jobs: Iterator[RootJob], tick: Callable[[], N
     one_step = type(shared.pipeline) is Step
     # no frames, no fan-out: the driver's short path (guarded by a retry policy or a rate limit)
     run_leaf = runner.run_fresh_leaf if not guarded(shared) else runner.run_fresh_leaf_guarded
-    while stop is None or not stop():
-        job = next(jobs, None)
-        if job is None:
-            return
-        src, state, replayed, history, create = job
-        if create:
-            # a budget may stop the run before any item: each one's ITEM_CREATED is staged as it starts
-            runner.stage_created(src)
-        if state is None and one_step:
-            run_leaf(src, replayed)
-        else:
-            runner.run_root(src, state, replayed=replayed, history=history)
-        tick()
+    try:
+        while stop is None or not stop():
+            job = next(jobs, None)
+            if job is None:
+                return
+            src, state, replayed, history, create = job
+            if create:
+                # a budget may stop the run before any item: each one's ITEM_CREATED is staged as it starts
+                runner.stage_created(src)
+            if state is None and one_step:
+                run_leaf(src, replayed)
+            else:
+                runner.run_root(src, state, replayed=replayed, history=history)
+            tick()
+    except CHUNK_STOPS:
+        # a clean stop (its failure is committed): the rest of the pull never starts, so it leaves the inbox
+        runner.release(jobs.pulled_unstarted())
+        runner.flush()
+        raise

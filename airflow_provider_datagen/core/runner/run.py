@@ -21,9 +21,10 @@ from airflow_provider_datagen.core.runner.config import RUN_OPTIONS, RunConfig
 from airflow_provider_datagen.core.runner.driver import Runner, run_sequential
 from airflow_provider_datagen.core.runner.failures import DEFAULT_MAX_REPEATED_FAILURES
 from airflow_provider_datagen.core.runner.interpreter import has_async, has_fanout
+from airflow_provider_datagen.core.runner.jobs import root_jobs
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import DEFAULT_GROUP_SECONDS, RunShared
-from airflow_provider_datagen.core.runner.threads import root_jobs, run_pulls_concurrently
+from airflow_provider_datagen.core.runner.threads import run_pulls_concurrently
 from airflow_provider_datagen.core.steps import Step, as_pipeline
 
 if TYPE_CHECKING:

@@ -17,10 +17,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.runner.attempts import takes_request_slots
-from airflow_provider_datagen.core.runner.commit import MIN_PULL, pulls
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.failures import CHUNK_STOPS, on_failure
 from airflow_provider_datagen.core.runner.interpreter import ChildJob, Interpreter, guarded
+from airflow_provider_datagen.core.runner.jobs import RootJob, RootJobs, root_jobs
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import FlushRequest
 from airflow_provider_datagen.core.runner.signals import RunEnded, StepFailure
@@ -48,19 +48,6 @@ STAGED = ("staged", None)
 NOT_STARTED = ("not started", None)
 #: what ``ItemWorker.work_child`` returns: the child's fields, or the exception it raised
 ChildOutcome = tuple[dict[str, Any] | None, BaseException | None]
-
-
-class RootJob(NamedTuple):
-    """A root item for :func:`run_concurrent`: its source item and how :meth:`Runner.run_root` would take it."""
-
-    src: SourceItem
-    #: the folded state of an inbox replay (resumed from its recorded cursor), else None
-    state: ItemState | None
-    replayed: bool
-    #: a restarted root with events in the log (its fan-out children are read before it runs)
-    history: bool
-    #: pulled lazily (a budget may stop the run): its ITEM_CREATED is staged by whoever starts it
-    create: bool = False
 
 
 class ItemWorker(Interpreter):
@@ -223,6 +210,8 @@ class Queued(NamedTuple):
     src: SourceItem
     #: the worker that starts it stages its ITEM_CREATED (a lazily pulled item)
     create: bool
+    #: its ITEM_CREATED was committed by this run's pull (:attr:`RootJob.pulled`)
+    pulled: bool = False
 
 
 class Finished(NamedTuple):
@@ -269,12 +258,15 @@ class RootWorkers:
         self._stopping = False
         self._lock = threading.Lock()
 
-    def submit(self, index: int, item: WorkItem | None, src: SourceItem, create: bool = False) -> None:
+    def submit(
+        self, index: int, item: WorkItem | None, src: SourceItem, create: bool = False, pulled: bool = False
+    ) -> None:
         """Queue a root item: ``item`` to drive, or None for a fresh item on the short path.
 
-        ``create``: the worker that starts it stages its ITEM_CREATED (a lazily pulled item).
+        ``create``: the worker that starts it stages its ITEM_CREATED (a lazily pulled item);
+        ``pulled``: this run's pull committed its ITEM_CREATED.
         """
-        self.jobs.put(Queued(index, item, src, create))
+        self.jobs.put(Queued(index, item, src, create, pulled))
         if self.threads < self.concurrency:  # started as items come: a small run starts few threads
             self.pool.submit(self._loop)
             self.threads += 1
@@ -334,7 +326,7 @@ class RootWorkers:
             job = get()
             if job is None or handoff.closed:  # never start user code after the run has ended
                 return
-            index, item, src, create = job
+            index, item, src, create, _ = job
             if prepay is not None:
                 prepay()
                 worker.prepaid_slots = 1
@@ -370,7 +362,7 @@ def run_concurrent(
     runner: Runner,
     pool: ThreadPoolExecutor,
     concurrency: int,
-    jobs: Iterable[RootJob],
+    jobs: RootJobs,
     tick: Callable[[], None],
 ) -> None:
     """:meth:`Runner.run_root` for ``jobs``, up to ``concurrency`` at a time.
@@ -386,6 +378,7 @@ def run_concurrent(
     """
     shared = runner.shared
     todo: Iterator[RootJob] = iter(jobs)
+    released: list[str] = []  # pulled items a clean stop never started (Committer.release)
     workers = RootWorkers(runner, pool, concurrency)
     short = workers.leaf is not None
     outstanding = 0  # queued or running
@@ -425,7 +418,7 @@ def run_concurrent(
                         children = {cid: replace(st, fields=loaded_fields(st.fields)) for cid, st in children.items()}
                     # a replayed root's recorded fields are loaded here too (WorkItem.start reads its blobs)
                     item = WorkItem.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
-                workers.submit(submitted, item, src, create)
+                workers.submit(submitted, item, src, create, job.pulled)
                 submitted += 1
                 outstanding += 1
             if not outstanding:
@@ -469,7 +462,9 @@ def run_concurrent(
                         # is paid for) before raising the first such error, as sequential does
                         if stopped is None:
                             stopped = err
-                            outstanding -= _unqueue(report, workers.unstarted())
+                            left = workers.unstarted()
+                            outstanding -= _unqueue(report, left)
+                            released += [q.src.item_id for q in left if q.pulled]
                     if stopped is None:
                         workers.release()
                 tick()
@@ -491,6 +486,7 @@ def run_concurrent(
     handoff.close()
     workers.stop()
     if stopped is not None:
+        runner.release([*released, *jobs.pulled_unstarted()])
         runner.flush()
         raise stopped
 
@@ -520,42 +516,6 @@ def serve(runner: Runner, requests: list[FlushRequest]) -> None:
     finally:
         for request in requests:
             request.done.set()
-
-
-def root_jobs(
-    runner: Runner,
-    writer: LogWriter,
-    replays: Iterable[tuple[SourceItem, ItemState]],
-    restart: list[str],
-    by_id: dict[str, SourceItem],
-    plan: ResumePlan,
-    *,
-    interval: float | None = None,
-) -> Iterator[RootJob]:
-    """The inbox replays, then the restarted and fresh items, each pull committed as it is reached.
-
-    Consumed as items start, by the sequential, thread and async drivers alike: the first pull
-    happens once the last replay started, the next once the previous pull's items all started (no
-    idle tail), and each pull's inbox commit precedes its items. ``interval`` is the time bound the
-    pulls adapt to (None: the commit policy's when the pulls begin).
-    """
-    shared = runner.shared
-    replayed_restarts = set(plan.demoted)
-    cap = max(shared.policy.group, MIN_PULL)
-    # a budget may stop the run before any item: each one's ITEM_CREATED is staged as it starts
-    lazy = shared.stop_pulling is not None
-    for src, state in replays:
-        yield RootJob(src, state, True, False)
-    if shared.policy.pipelined and not lazy:
-        runner.ack_bound = cap + 1  # as run_items' sequential path: each pull's acks commit with the next
-    if interval is None:
-        interval = shared.policy.interval
-    for chunk in pulls(restart, cap, interval, runner.pull_limit):
-        writer.prime_new(chunk, plan.last_seq)  # ids built and validated by prepare_items
-        if not lazy:
-            runner.pull([(by_id[iid], None) for iid in chunk])
-        for iid in chunk:
-            yield RootJob(by_id[iid], None, iid in replayed_restarts, iid in plan.last_seq, lazy)
 
 
 def run_pulls_concurrently(

@@ -146,7 +146,8 @@ def test_a_step_pipeline_names_the_step_and_its_function(tmp_path: Any) -> None:
     assert str(info.value).startswith(f"step 'summarize' ({qualname}) broke the process contract on 3 consecutive")
     assert "item '2': step 'summarize' returned a list" in str(info.value)
     assert [r.step for iid in ("0", "1", "2") for r in log.failures(iid)] == ["summarize"] * 3
-    assert log.item_state("3").status.value == "running" and not log.item_state("3").completed_steps
+    # item 3 was pulled but never started: the stop released it (issue 24), so it is not left running
+    assert log.item_state("3").status.value == "never_started" and not log.item_state("3").completed_steps
 
 
 def test_a_fanout_reduce_is_held_to_the_contract_too(tmp_path: Any) -> None:

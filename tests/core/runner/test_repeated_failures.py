@@ -16,7 +16,7 @@ import pytest
 
 from airflow_provider_datagen.core import RetryPolicy, run_items, status_of
 from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, RepeatedFailureError
-from tests._support.engine import flat_output, make_items, open_log, statuses
+from tests._support.engine import flat_output, make_items, open_log, results_fp, statuses
 
 N = 40
 
@@ -107,6 +107,73 @@ def test_a_streak_that_spans_pulls_leaves_no_item_pulled_and_never_started(tmp_p
     assert len(process.calls) == 67
     summary = status_of(log, make_items(200))
     assert (summary["completed"], summary["running"], summary["never_started"]) == (62, 5, 200 - 67)
+
+
+def _pulled_never_running(log: Any, invoked: set[str]) -> None:
+    """After a clean stop, only the items that ran are ``running`` (failed); the rest the log holds never started."""
+    st = statuses(log)
+    running = {iid for iid, status in st.items() if status == "running"}
+    assert running <= invoked  # no item pulled by the run and never started reads running
+    summary = log.summary()
+    assert summary["running"] == summary["failed_items"] == len(running)
+    assert summary["never_started"] == len(st) - summary["completed"] - len(running) > 0
+
+
+def test_a_streak_inside_a_pull_releases_the_rest_of_the_pull(tmp_path: Any) -> None:
+    # The first pull holds 64 items; items 10.. fail, so the stop comes at item 14, inside that pull.
+    # Before, the 49 items pulled after it stayed running (ITEM_CREATED only) and replayed first next
+    # run; now the stop releases them (a TERMINAL never_started) and they read never_started.
+    process = Calls(bad=lambda i: i >= 10)
+    log = open_log(tmp_path, "inside")
+    with pytest.raises(RepeatedFailureError):
+        run_items(log, make_items(200), process)
+    assert len(process.calls) == 15
+    _pulled_never_running(log, set(process.calls))
+    summary = status_of(log, make_items(200))
+    assert (summary["completed"], summary["running"], summary["never_started"]) == (10, 5, 185)
+    # the next run pulls them afresh, and ends as an uninterrupted run does
+    report = run_items(log, make_items(200), flat_process_ok, epoch=2)
+    assert sorted(report.processed, key=int) == [str(i) for i in range(10, 200)]
+    fresh = open_log(tmp_path, "fresh")
+    run_items(fresh, make_items(200), flat_process_ok)
+    assert results_fp(log) == results_fp(fresh)
+
+
+def test_a_release_reads_the_same_in_both_folds(tmp_path: Any) -> None:
+    from airflow_provider_datagen.core.fold import fold_events
+
+    log = open_log(tmp_path, "folds")
+    with pytest.raises(RepeatedFailureError):
+        run_items(log, make_items(100), Calls(bad=lambda i: i >= 3))
+    vectorized = statuses(log)
+    reference = {iid: fold_events(iid, log.events(iid)).status.value for iid in vectorized}
+    assert reference == vectorized
+    assert sum(1 for v in reference.values() if v == "never_started") == 64 - 8  # the first pull's rest
+
+
+@pytest.mark.parametrize("concurrency", [2, 4])
+def test_threads_release_the_queued_and_pulled_items_a_stop_never_starts(tmp_path: Any, concurrency: int) -> None:
+    log = open_log(tmp_path, f"release-{concurrency}")
+    process = Calls(bad=lambda i: i >= 7)
+    with pytest.raises(RepeatedFailureError):
+        run_items(log, make_items(N * 5), process, concurrency=concurrency)
+    _pulled_never_running(log, set(process.calls))
+    run_items(log, make_items(N * 5), flat_process_ok, epoch=2, concurrency=concurrency)
+    assert set(statuses(log).values()) == {"completed"}
+
+
+def test_the_async_driver_releases_the_rest_of_the_pull(tmp_path: Any) -> None:
+    calls: list[str] = []
+
+    async def process(item: dict[str, Any], ctx: Any) -> Any:
+        calls.append(ctx.item_id)
+        await asyncio.sleep(0)
+        raise Unreachable("Connection error.")
+
+    log = open_log(tmp_path, "async-release")
+    with pytest.raises(RepeatedFailureError):
+        run_items(log, make_items(N * 5), process, concurrency=3)
+    _pulled_never_running(log, set(calls))
 
 
 @pytest.mark.parametrize("concurrency", [2, 4])
