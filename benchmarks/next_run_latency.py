@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def _run(n: int, repeat: int, tmp: Path) -> dict[str, Any]:
     from airflow_provider_datagen.core import CheckpointLog, run_items
-    from airflow_provider_datagen.core.chunks import plan_chunks
-    from airflow_provider_datagen.core.rerun import record_plan_source, rerun_counts
+    from airflow_provider_datagen.core.chunks import plan_chunks, record_plan_source
+    from airflow_provider_datagen.core.next_run import rerun_counts
     from airflow_provider_datagen.core.source_scan import scan_source
     from airflow_provider_datagen.core.store.source_ref import recorded_source
     from airflow_provider_datagen.plugins.data import Reader

@@ -153,7 +153,7 @@ class DatagenPlanOperator(DatagenBaseOperator):
         Names only (the connection id, its storage options' keys), never their values. A failure to
         record is logged and the plan goes on: the UI then shows the log-only view.
         """
-        from airflow_provider_datagen.core.rerun import record_plan_source
+        from airflow_provider_datagen.core.chunks import record_plan_source
         from airflow_provider_datagen.exceptions import DatagenError
 
         try:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core import EventType, ItemStatus
-from airflow_provider_datagen.core.rerun import rerun_counts, too_large_to_classify
+from airflow_provider_datagen.core.next_run import rerun_counts, too_large_to_classify
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core import CheckpointLog

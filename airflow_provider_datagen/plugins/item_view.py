@@ -16,7 +16,7 @@ from airflow_provider_datagen.core import BlobRef, EventType, ItemStatus, fold_e
 from airflow_provider_datagen.core.events import decode_source_json, fingerprint_of
 from airflow_provider_datagen.core.fold import failure_records
 from airflow_provider_datagen.core.ids import parent_of, root_of
-from airflow_provider_datagen.core.rerun import source_input
+from airflow_provider_datagen.core.next_run import source_input
 from airflow_provider_datagen.core.schema import STORED_STATUS_TRANSIENT
 from airflow_provider_datagen.core.store.snapshots import snapshot_texts
 from airflow_provider_datagen.core.store.source_ref import PATH

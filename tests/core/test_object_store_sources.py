@@ -20,9 +20,9 @@ import pytest
 from airflow_provider_datagen.core import CheckpointLog, run_items
 from airflow_provider_datagen.core import partitioned_plan as part_mod
 from airflow_provider_datagen.core import source_scan as scan_mod
-from airflow_provider_datagen.core.chunks import chunk_items, plan_chunks
+from airflow_provider_datagen.core.chunks import chunk_items, plan_chunks, record_plan_source
 from airflow_provider_datagen.core.ids import root_item_id
-from airflow_provider_datagen.core.rerun import record_plan_source, source_input, source_item
+from airflow_provider_datagen.core.next_run import source_input, source_item
 from airflow_provider_datagen.core.source_scan import read_rows
 from airflow_provider_datagen.core.sources import load_source, read_source, source_path
 from airflow_provider_datagen.core.store import paths
