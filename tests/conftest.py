@@ -23,6 +23,7 @@ from tests._support import profiles
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from airflow_provider_datagen.core import CheckpointLog
     from tests._support.dagtest import DagTestRun
 
 # A developer's own Airflow settings (a real AIRFLOW_HOME, connections, a Postgres URL) must not leak
@@ -135,3 +136,21 @@ def run_dag_file(airflow_db: Path) -> Iterator[Callable[..., DagTestRun]]:
         return run(src, dag_id, dags_folder=DAGS_FOLDER, conf=conf or None)
 
     yield _run
+
+
+@pytest.fixture
+def checkpoint_log(tmp_path: Path) -> Callable[..., CheckpointLog]:
+    """Return ``open(experiment="e", *, pipeline="p", root=tmp_path, **options) -> CheckpointLog``.
+
+    Opens (without creating) the experiment's log under the test's own directory by default; ``options``
+    go to ``CheckpointLog.open`` as given (``blob_threshold=``, ``remember_fold=``, ``storage_options=``, ...).
+    Every call opens a fresh handle, as a second task would, so reopening the same experiment reads it anew.
+    """
+    from tests._support.engine import open_log
+
+    def _open(
+        experiment: str = "e", *, pipeline: str = "p", root: str | os.PathLike[str] | None = None, **options: Any
+    ) -> CheckpointLog:
+        return open_log(tmp_path if root is None else root, experiment, pipeline, **options)
+
+    return _open

@@ -47,8 +47,9 @@ class Crash(BaseException):
 # --- logs ----------------------------------------------------------------------------------------------
 
 
-def open_log(root: str | os.PathLike[str], experiment: str, pipeline: str = PIPELINE) -> CheckpointLog:
-    return CheckpointLog.open(root, pipeline=pipeline, experiment=experiment)
+def open_log(root: str | os.PathLike[str], experiment: str, pipeline: str = PIPELINE, **options: Any) -> CheckpointLog:
+    """``CheckpointLog.open`` with the suites' defaults; ``options`` go to it as given (``blob_threshold=``, ...)."""
+    return CheckpointLog.open(root, pipeline=pipeline, experiment=experiment, **options)
 
 
 def copy_log(log: CheckpointLog, experiment: str) -> CheckpointLog:

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_datagen.core import CheckpointLog
 from airflow_provider_datagen.core.events import (
     BlobRef,
     canonical_json,
@@ -25,6 +24,7 @@ from airflow_provider_datagen.core.events import (
 )
 from airflow_provider_datagen.core.schema import DEFAULT_BLOB_THRESHOLD, VALUE_KIND_BYTES, VALUE_KIND_JSON
 from airflow_provider_datagen.exceptions import DatagenError, InvalidValueError
+from tests._support.engine import open_log
 from tests._support.profiles import examples
 
 if TYPE_CHECKING:
@@ -355,7 +355,7 @@ def _rows(
     processor_version: str | None = None,
 ) -> list[dict[str, Any]]:
     """The rows one batch would append, captured before they reach Lance (the log stays empty)."""
-    log = CheckpointLog.open(tmp_path, pipeline="p", experiment="e")
+    log = open_log(tmp_path, "e", pipeline="p")
     captured: list[pa.Table] = []
     log._append = captured.append  # type: ignore[method-assign]
     w = log.writer(writer_id, epoch, airflow=airflow, processor_version=processor_version)

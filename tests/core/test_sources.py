@@ -389,7 +389,9 @@ def _fingerprints(source: Any) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("fmt", ["inline", "parquet", "lance"])
-def test_typed_values_reach_the_process_as_the_source_gave_them(fmt: str, tmp_path: Path) -> None:
+def test_typed_values_reach_the_process_as_the_source_gave_them(
+    fmt: str, tmp_path: Path, checkpoint_log: Callable[..., CheckpointLog]
+) -> None:
     items = typed_items()
     seen: dict[str, dict[str, Any]] = {}
 
@@ -397,7 +399,7 @@ def test_typed_values_reach_the_process_as_the_source_gave_them(fmt: str, tmp_pa
         seen[item["id"]] = item
         return {"ok": True}
 
-    log = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment=fmt)
+    log = checkpoint_log(fmt, root=tmp_path / "root")
     report = run_items(log, load_source(_write_source(fmt, items, tmp_path)), process)
     assert report.processed == ["t0", "t1", "t2"] and not report.failed
     for want in items:
