@@ -68,7 +68,7 @@ class AsyncDriver:
     async def run(self, jobs: RootJobs) -> None:
         """Start items up to ``concurrency`` in flight, acknowledge each as it finishes (completion order)."""
         runner, shared = self.runner, self.runner.shared
-        step, coord, _, _ = runner._leaf
+        step, coord, _, _ = runner.leaf_site
         fn = step.fn
         report = runner.report
         loop = asyncio.get_running_loop()
@@ -176,12 +176,12 @@ class AsyncDriver:
         # recorded usage goes with the item's FAILED row)
         ctx: ItemContext | list[ItemContext] = []
         if state is None:
-            item = src if plain else runner._bare_item(src)
+            item = src if plain else runner.bare_item(src)
         else:
             # an inbox replay: the attempt numbers go on from the log (and a call that completed before
             # a crash, whose TERMINAL was lost, is only acknowledged, as the general driver would)
             item = WorkItem.start(iid, src.key, src.data, src.fingerprint, state, {})
-            if runner._coord(runner.shared.pipeline, None, None, None).frame in item.completed:
+            if runner.step_site(runner.shared.pipeline, None, None, None).frame in item.completed:
                 runner.acknowledge(iid, COMPLETED, None)
                 self.tick()
                 return
@@ -361,5 +361,5 @@ class LoopThread:
 def _usage_of(ctx: ItemContext | list[ItemContext]) -> list[Any] | None:
     """The usage the last attempt recorded through ``ctx.record_usage`` (None: nothing, or no call)."""
     if isinstance(ctx, list):
-        return ctx[-1]._usage if ctx else None
-    return ctx._usage
+        return ctx[-1].record.end() if ctx else None
+    return ctx.record.end()

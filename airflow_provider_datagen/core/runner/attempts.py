@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tenacity import DoAttempt, DoSleep
 
@@ -35,9 +35,28 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.events import StepCoord
     from airflow_provider_datagen.core.retry import RetryPolicy
     from airflow_provider_datagen.core.runner.context import ItemContext, WorkItem
-    from airflow_provider_datagen.core.runner.interpreter import Interpreter
+    from airflow_provider_datagen.core.runner.report import RunReport
     from airflow_provider_datagen.core.runner.shared import RunShared
     from airflow_provider_datagen.core.steps import Step
+    from airflow_provider_datagen.core.store.batch import Batch
+
+
+class Interpreter(Protocol):
+    """What a call needs of the interpreter driving its item (:class:`.interpreter.Interpreter` is one).
+
+    Typed here, not imported: the interpreter imports this module.
+    """
+
+    shared: RunShared
+    report: RunReport
+    batch: Batch
+    prepaid_slots: int
+
+    def new_context(self, item: WorkItem, coord: StepCoord) -> ItemContext: ...
+
+    def flush_due(self) -> bool: ...
+
+    def flush(self) -> None: ...
 
 
 def _not_contract_error(exc: BaseException) -> bool:
@@ -60,12 +79,12 @@ def takes_request_slots(step: Step) -> bool:
 
 
 def _new_ctx(interp: Interpreter, item: WorkItem, coord: StepCoord, own_slots: bool) -> ItemContext:
-    ctx = interp._ctx(item, coord)
+    ctx = interp.new_context(item, coord)
     if own_slots:
         shared = interp.shared
-        ctx._own_slots = True
-        ctx._acquire = shared.before_attempt
-        ctx._acquire_async = shared.before_attempt_async
+        ctx.record.own_slots = True
+        ctx.record.acquire = shared.before_attempt
+        ctx.record.acquire_async = shared.before_attempt_async
     return ctx
 
 
@@ -128,9 +147,9 @@ def _stage_transient(
     assert rs.outcome is not None
     exc = rs.outcome.exception()
     assert exc is not None
-    used = calls[-1]._usage if calls else None
+    used = calls[-1].record.end() if calls else None
     if used:
-        calls[-1]._records = None
+        calls[-1].record.usage = None
     interp.batch.failed(
         item.item_id,
         error=exc,
@@ -171,7 +190,7 @@ def _retry(
     def failed_attempt(rs: RetryCallState) -> None:
         _stage_transient(interp, item, coord, rs, calls)
         # made durable on the sequential cadence before the wait
-        if shared.policy.per_step or interp._flush_due():
+        if shared.policy.per_step or interp.flush_due():
             interp.flush()
 
     def sleep(seconds: float) -> None:
@@ -266,7 +285,7 @@ async def _retry_async(
 
     def failed_attempt(rs: RetryCallState) -> None:
         _stage_transient(interp, item, coord, rs, calls)
-        if shared.policy.per_step or interp._flush_due():
+        if shared.policy.per_step or interp.flush_due():
             flush()
 
     async def sleep(seconds: float) -> None:

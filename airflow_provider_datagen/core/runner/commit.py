@@ -65,7 +65,7 @@ class Committer(Interpreter):
         ):
             self.flush()
 
-    def _flush_due(self) -> bool:
+    def flush_due(self) -> bool:
         """:meth:`maybe_flush` at a step boundary, as a test: the per-item hot paths call it twice."""
         if not self.batch.events:
             return False

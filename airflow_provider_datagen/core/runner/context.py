@@ -28,28 +28,77 @@ if TYPE_CHECKING:
 NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 
 
-class ItemContext:
-    """What a step function sees besides the item: identity, attempt, folded fields, emitters."""
+class AttemptRecord:
+    """What one call of a step staged through its :class:`ItemContext`, read by the runner as the call ends.
 
-    # Most steps never write through the context: these start as shared class defaults and become
-    # the instance's own on first use (one context is built per step and item).
-    _own_modes = False
-    _ops: list[tuple[str, str, Any]] | tuple[()] = ()
-    _filtered: tuple[bool, Any] = (False, None)
-    _emissions: dict[str, int] | None = None
-    #: what ``record_usage`` recorded and the requests ``take_request_slot`` counted in this attempt
-    #: (staged with the row that ends it), or None
-    _records: AttemptUsage | None = None
-    #: set once the runner has read :attr:`_usage`: the attempt has ended, nothing more is stored
-    _ended = False
+    The context's public methods write it (``set``/``append``/``filter``/``record_usage``/
+    ``take_request_slot``); the drivers read it and bind the rate limit into it. Most steps never
+    write through the context, so the fields start as shared class defaults and become the record's
+    own on first use (one record is built per step and item).
+    """
+
+    #: the field writes, in order: ("set" | "append", name, value)
+    ops: list[tuple[str, str, Any]] | tuple[()] = ()
+    #: (True, reason) once the step called ``ctx.filter``
+    filtered: tuple[bool, Any] = (False, None)
+    #: what ``record_usage`` recorded and the requests ``take_request_slot`` counted (staged with the
+    #: row that ends the attempt), or None
+    usage: AttemptUsage | None = None
+    #: set by :meth:`end`: nothing more is stored
+    ended = False
     #: with a rate limit: charges recorded usage to it as it becomes known (``RunUsage.charge``)
-    _charge: Callable[..., None] | None = None
+    charge: Callable[..., None] | None = None
     #: with a rate limit and a process that takes its own slots (``takes_request_slots``): the
     #: limiter's acquire and acquire_async (attempts.py binds them); None: no limit to wait for
-    _acquire: Callable[[], Any] | None = None
-    _acquire_async: Callable[[], Awaitable[Any]] | None = None
+    acquire: Callable[[], Any] | None = None
+    acquire_async: Callable[[], Awaitable[Any]] | None = None
     #: the process takes a slot per request itself: record_usage's ``calls`` are not charged again
-    _own_slots = False
+    own_slots = False
+    _own_modes = False
+
+    def __init__(self, modes: Mapping[str, str]) -> None:
+        # Copied on the first write only: most steps set no new field, and a failed step's modes
+        # must not leak into the item's.
+        self._modes = modes
+
+    def end(self) -> AttemptUsage | None:
+        """The attempt's recorded usage and requests: the runner reads it once as the attempt ends.
+
+        Every path that ends an attempt (completion, failure, a retried attempt) calls this to stage
+        it, so it marks the attempt ended: a later ``record_usage`` (a leaked background task)
+        raises instead of adding usage no row will ever store.
+        """
+        self.ended = True
+        return self.usage
+
+    def check_mode(self, item_id: str, name: str, mode: str) -> None:
+        """Refuse writing field ``name`` with ``mode`` ("set" or "append") if the item wrote it the other way."""
+        prev = self._modes.get(name)
+        if prev is not None and prev != mode:
+            raise InvalidEventError(
+                f"item {item_id!r}: field {name!r} is written with {prev} and cannot take {mode}; "
+                "use ctx.set or ctx.append consistently for one field"
+            )
+        if prev is None:
+            if not self._own_modes:
+                self._modes = dict(self._modes)
+                self._own_modes = True
+            self._modes[name] = mode  # type: ignore[index]  # our own dict since the copy above
+
+    def add(self, op: tuple[str, str, Any]) -> None:
+        if self.ops:
+            self.ops.append(op)  # non-empty: the list made below
+        else:
+            self.ops = [op]
+
+
+class ItemContext:
+    """What a step function sees besides the item: identity, attempt, folded fields, emitters.
+
+    :attr:`record` is the runner's side of the call (:class:`AttemptRecord`).
+    """
+
+    _emissions: dict[str, int] | None = None
 
     def __init__(
         self,
@@ -71,40 +120,22 @@ class ItemContext:
         self.step = coord.step
         self.iteration = coord.iteration
         self._coord = coord
-        # Copied on the first write only: most steps set no new field, and a failed step's modes
-        # must not leak into the item's.
-        self._modes = modes
-
-    def _mode_check(self, name: str, mode: str) -> None:
-        prev = self._modes.get(name)
-        if prev is not None and prev != mode:
-            raise InvalidEventError(
-                f"item {self.item_id!r}: field {name!r} is written with {prev} and cannot take {mode}; "
-                "use ctx.set or ctx.append consistently for one field"
-            )
-        if prev is None:
-            if not self._own_modes:
-                self._modes = dict(self._modes)
-                self._own_modes = True
-            self._modes[name] = mode  # type: ignore[index]  # our own dict since the copy above
+        #: the runner's record of this call: what set/append/filter/record_usage staged
+        self.record = AttemptRecord(modes)
 
     def set(self, name: str, value: Any) -> None:
         """Set a field (FIELD_SET), checkpointed with this step."""
         check_field(self.item_id, "ctx.set", name, value)
-        self._mode_check(name, "set")
-        self._op(("set", name, value))
+        record = self.record
+        record.check_mode(self.item_id, name, "set")
+        record.add(("set", name, value))
 
     def append(self, name: str, value: Any) -> None:
         """Append to a field (FIELD_APPEND), checkpointed with this step."""
         check_field(self.item_id, "ctx.append", name, value)
-        self._mode_check(name, "append")
-        self._op(("append", name, value))
-
-    def _op(self, op: tuple[str, str, Any]) -> None:
-        if self._ops:
-            self._ops.append(op)  # non-empty: the list made below
-        else:
-            self._ops = [op]
+        record = self.record
+        record.check_mode(self.item_id, name, "append")
+        record.add(("append", name, value))
 
     def filter(self, reason: Any = None) -> None:
         """Finish the item as ``filtered`` after this step (a terminal state, never retried)."""
@@ -112,29 +143,19 @@ class ItemContext:
             enc = encode_value(reason, what=f"filter reason of item {self.item_id!r}")
             if enc.json_text is None:
                 raise InvalidEventError(f"item {self.item_id!r}: a filter reason must be small JSON")
-        self._filtered = (True, reason)
-
-    @property
-    def _usage(self) -> AttemptUsage | None:
-        """The attempt's recorded usage and requests, read by the runner when the attempt ends.
-
-        Every path that ends an attempt (completion, failure, a retried attempt) reads this once to
-        stage it, so reading it marks the attempt ended: a later ``record_usage`` (a leaked
-        background task) raises instead of adding usage no row will ever store.
-        """
-        self._ended = True
-        return self._records
+        self.record.filtered = (True, reason)
 
     def _attempt_usage(self, what: str) -> AttemptUsage:
-        if self._ended:
+        record = self.record
+        if record.ended:
             raise ProcessError(
                 f"item {self.item_id!r}: {what} was called after attempt {self.attempt} ended, so nothing "
                 "would store it; call it before the process returns (await every task that records "
                 "usage or sends requests)"
             )
-        if self._records is None:
-            self._records = AttemptUsage()
-        return self._records
+        if record.usage is None:
+            record.usage = AttemptUsage()
+        return record.usage
 
     def record_usage(
         self,
@@ -158,8 +179,9 @@ class ItemContext:
         """
         record = usage_record(model, input_tokens, output_tokens, cost_usd, calls)
         self._attempt_usage("ctx.record_usage").append(record)
-        if self._charge is not None:
-            self._charge(record, extra_requests=not self._own_slots)
+        charge = self.record.charge
+        if charge is not None:
+            charge(record, extra_requests=not self.record.own_slots)
 
     def take_request_slot(self) -> None:
         """Before each model request: wait for a slot of the run's rate limit, and count the request.
@@ -170,15 +192,17 @@ class ItemContext:
         its own before each attempt.
         """
         usage = self._attempt_usage("ctx.take_request_slot")
-        if self._acquire is not None:
-            self._acquire()
+        acquire = self.record.acquire
+        if acquire is not None:
+            acquire()
         usage.requests += 1
 
     async def take_request_slot_async(self) -> None:
         """:meth:`take_request_slot` for an event loop: the wait is ``asyncio.sleep``, blocking no other item."""
         usage = self._attempt_usage("ctx.take_request_slot_async")
-        if self._acquire_async is not None:
-            await self._acquire_async()
+        acquire = self.record.acquire_async
+        if acquire is not None:
+            await acquire()
         usage.requests += 1
 
     def idempotency_key(self, name: str) -> str:

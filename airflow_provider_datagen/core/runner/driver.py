@@ -43,7 +43,7 @@ class Runner(Committer):
         children: dict[str, ItemState] = {}
         has_fanout = self.shared.has_fanout
         if has_fanout:
-            self._known_children.clear()
+            self.known_children.clear()
         if has_fanout and (history or (state is not None and state.status is ItemStatus.RUNNING)):
             # A restarted root (demoted, edited) has children in the log too: their sequences must be
             # known before the new generation appends to them.
@@ -63,7 +63,7 @@ class Runner(Committer):
         self.batch.terminal(item_id, status=status, reason=reason)
         self.acked += 1
         self.report.processed.append(item_id)
-        if self._flush_due():
+        if self.flush_due():
             self.flush()
 
     def run_fresh_leaf(self, src: SourceItem, replayed: bool) -> None:
@@ -72,7 +72,7 @@ class Runner(Committer):
         The same events in the same order as the general driver, without its per-item frame sets and
         dispatch: the profile of a no-op run showed them costing more than the item's log writes.
         """
-        step, coord, _, _ = self._leaf
+        step, coord, _, _ = self.leaf_site
         iid = src.item_id
         if replayed:
             self.report.replayed.append(iid)
@@ -81,22 +81,22 @@ class Runner(Committer):
         try:
             result = step.fn(src.data, ctx)
         except BaseException as exc:
-            self.fail_leaf(src, exc, ctx._usage)
+            self.fail_leaf(src, exc, ctx.record.end())
             return
         self.finish_leaf(src, ctx, result)
 
     def run_fresh_leaf_guarded(self, src: SourceItem, replayed: bool) -> None:
         """:meth:`run_fresh_leaf` with a retry policy or a rate limit: the call goes through attempts.py."""
-        step, coord, _, _ = self._leaf
+        step, coord, _, _ = self.leaf_site
         if replayed:
             self.report.replayed.append(src.item_id)
-        item = self._bare_item(src)
+        item = self.bare_item(src)
         calls: list[ItemContext] = []
         try:
             result, ctx = call_step(self, item, step, coord, calls)
         except BaseException as exc:
             # the last attempt's usage goes with its FAILED row (an earlier one's went with its transient row)
-            self.fail_leaf(item, exc, calls[-1]._usage if calls else None)
+            self.fail_leaf(item, exc, calls[-1].record.end() if calls else None)
             return
         self.finish_leaf(item, ctx, result)
 
@@ -105,10 +105,10 @@ class Runner(Committer):
 
         ``usage`` is what the failed attempt recorded through ``ctx.record_usage``: its row stores it.
         """
-        work = item if isinstance(item, WorkItem) else self._bare_item(item)
+        work = item if isinstance(item, WorkItem) else self.bare_item(item)
         # with a policy the row records the attempt that failed last (docs/adr/0008-in-place-retries.md)
         attempt = work.attempt if self.shared.retry is not None else None
-        on_failure(self, work, StepFailure(work.item_id, self._leaf[1], exc, attempt, usage))
+        on_failure(self, work, StepFailure(work.item_id, self.leaf_site[1], exc, attempt, usage))
 
     def finish_leaf(self, item: SourceItem | WorkItem, ctx: ItemContext, result: Any) -> None:
         """Stage a finished call of the one-step pipeline's step and acknowledge ``item``: the one place for it.
@@ -118,33 +118,33 @@ class Runner(Committer):
         instead. Every driver of a one-step pipeline ends an item's call here: the sequential short
         path, its guarded variant and the async driver (aio.py).
         """
-        _, coord, shape, done = self._leaf
+        _, coord, shape, done = self.leaf_site
         iid = item.item_id
         try:
             sets = self.checked_sets(iid, self.shared.pipeline, result, ctx)
         except BaseException as exc:
-            self.fail_leaf(item, exc, ctx._usage)
+            self.fail_leaf(item, exc, ctx.record.end())
             return
         try:
             self._stage_leaf(iid, coord, shape, done, ctx, sets)
         except BaseException as exc:
-            on_failure(self, item if isinstance(item, WorkItem) else self._bare_item(item), exc)
+            on_failure(self, item if isinstance(item, WorkItem) else self.bare_item(item), exc)
             return
         self.acked += 1
         self.report.processed.append(iid)
-        if self._flush_due():
+        if self.flush_due():
             self.flush()
 
     @cached_property
-    def _leaf(self) -> tuple[Step, StepCoord, Any, Any]:
+    def leaf_site(self) -> tuple[Step, StepCoord, Any, Any]:
         """The one step, its coordinates, and the shapes of its STEP_COMPLETED and of TERMINAL(completed)."""
         pipeline = self.shared.pipeline
-        site = self._coord(pipeline, None, None, None)
+        site = self.step_site(pipeline, None, None, None)
         done = self.shared.writer.shape(_TERMINAL, None, None, None, None, None, None, None, COMPLETED)
         return pipeline, site.coord, site.shape, done
 
     @staticmethod
-    def _bare_item(src: SourceItem) -> WorkItem:
+    def bare_item(src: SourceItem) -> WorkItem:
         return WorkItem(src.item_id, src.key, src.data, src.fingerprint, None, {})
 
     def children_states(self, root_id: str) -> dict[str, ItemState]:

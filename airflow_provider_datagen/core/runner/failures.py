@@ -12,7 +12,7 @@ through core/error_text.py everywhere here: its own ``__str__`` may raise.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from airflow_provider_datagen.core.error_text import describe_error, error_message, error_type
 from airflow_provider_datagen.core.events import StepCoord
@@ -27,8 +27,10 @@ from airflow_provider_datagen.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from airflow_provider_datagen.core.runner.commit import Committer
     from airflow_provider_datagen.core.runner.context import WorkItem
+    from airflow_provider_datagen.core.runner.report import RunReport
+    from airflow_provider_datagen.core.runner.shared import RunShared
+    from airflow_provider_datagen.core.store.batch import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,24 @@ def repeated_abort(count: int, item_id: str, err: BaseException) -> RepeatedFail
         "and rerun (clear the task): the failed items are retried and the rest runs. To go on past such failures, "
         "raise max_repeated_failures or pass None"
     )
+
+
+class Committer(Protocol):
+    """What a failure needs of the runner that commits it (:class:`.commit.Committer` is one).
+
+    Typed here, not imported: the committer imports this module.
+    """
+
+    shared: RunShared
+    report: RunReport
+    batch: Batch
+    acked: int
+    contract: FailureStreak
+    repeats: FailureStreak
+
+    def flush(self) -> None: ...
+
+    def maybe_flush(self, *, boundary: bool = False) -> None: ...
 
 
 def on_failure(runner: Committer, item: WorkItem, exc: BaseException) -> None:

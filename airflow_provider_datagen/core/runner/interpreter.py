@@ -66,7 +66,7 @@ class Interpreter:
         #: steps completed into ``batch`` since the last checkpoint (``checkpoint_every=1`` flushes them)
         self.steps = 0
         #: fan-out children whose sequence this writer already tracks (a Loop re-runs a fan-out)
-        self._known_children: set[str] = set() if known_children is None else known_children
+        self.known_children: set[str] = set() if known_children is None else known_children
         #: rate-limit slots taken already for calls not yet made: with a budget, the threads and the
         #: async driver take an item's slot before its budget check (threads.py, aio.py); a call
         #: that finds one takes no slot of its own
@@ -77,7 +77,7 @@ class Interpreter:
             self._run_leaf = self._run_leaf_guarded  # type: ignore[method-assign]
         if shared.usage is not None and shared.usage.charges:
             # a rate limit: ctx.record_usage charges it (bound here, never tested per item)
-            self._ctx = self._ctx_charged  # type: ignore[method-assign]
+            self.new_context = self.new_context_charged  # type: ignore[method-assign]
 
     def new_batch(self) -> Batch:
         return self.shared.writer.new_batch()
@@ -96,7 +96,7 @@ class Interpreter:
         """Make the events staged so far a checkpoint."""
         raise NotImplementedError
 
-    def _flush_due(self) -> bool:
+    def flush_due(self) -> bool:
         """Whether a checkpoint is due at this step boundary."""
         raise NotImplementedError
 
@@ -109,19 +109,20 @@ class Interpreter:
 
     # --- driving -------------------------------------------------------------------------------
 
-    def _ctx(self, item: WorkItem, coord: StepCoord) -> ItemContext:
+    def new_context(self, item: WorkItem, coord: StepCoord) -> ItemContext:
         return ItemContext(item.item_id, item.key, item.fingerprint, item.attempt, item.fields, coord, item.modes)
 
-    def _ctx_charged(self, item: WorkItem, coord: StepCoord) -> ItemContext:
+    def new_context_charged(self, item: WorkItem, coord: StepCoord) -> ItemContext:
         ctx = ItemContext(item.item_id, item.key, item.fingerprint, item.attempt, item.fields, coord, item.modes)
         assert self.shared.usage is not None  # bound only then
-        ctx._charge = self.shared.usage.charge
+        ctx.record.charge = self.shared.usage.charge
         return ctx
 
     def _stage_completed_usage(self, item_id: str, coord: StepCoord, ctx: ItemContext) -> None:
         """A STEP_COMPLETED carrying the usage ``ctx`` recorded (the attempt's end; see core/ledger/staging.py)."""
-        assert ctx._usage is not None
-        self._step_completed(item_id, coord, completed_value(self.shared, ctx.attempt, ctx._usage))
+        usage = ctx.record.end()
+        assert usage is not None
+        self._step_completed(item_id, coord, completed_value(self.shared, ctx.attempt, usage))
 
     def _stage_leaf(
         self, iid: str, coord: StepCoord, shape: Any, done: Any, ctx: ItemContext, sets: Mapping[str, Any]
@@ -131,10 +132,10 @@ class Interpreter:
         The TERMINAL is completed, or filtered by the step. Shared by the main thread's short path
         (:meth:`Runner.finish_leaf`) and a worker's (``ItemWorker.work_fresh_leaf``).
         """
-        filtered, reason = ctx._filtered
-        if ctx._ops or sets:
-            self._stage_delta(iid, coord.step, sets, ctx._ops)
-        if ctx._usage is None:
+        filtered, reason = ctx.record.filtered
+        if ctx.record.ops or sets:
+            self._stage_delta(iid, coord.step, sets, ctx.record.ops)
+        if ctx.record.end() is None:
             # STEP_COMPLETED, and TERMINAL(completed) with it unless the step filtered the item
             self.batch.add_shaped(iid, shape, None if filtered else done)
         else:  # a STEP_COMPLETED carrying the recorded usage
@@ -174,7 +175,7 @@ class Interpreter:
             return FILTERED, f.reason
         return COMPLETED, None
 
-    def _coord(self, step: Step, enclosing: str | None, iteration: int | None, selector: str | None) -> StepSite:
+    def step_site(self, step: Step, enclosing: str | None, iteration: int | None, selector: str | None) -> StepSite:
         shared = self.shared
         key = (id(step), enclosing, iteration, selector)
         hit = shared.sites.get(key)
@@ -201,7 +202,7 @@ class Interpreter:
     def _run(
         self, item: WorkItem, step: Step, enclosing: str | None, iteration: int | None, selector: str | None
     ) -> None:
-        coord, frame, path, shape = self._coord(step, enclosing, iteration, selector)
+        coord, frame, path, shape = self.step_site(step, enclosing, iteration, selector)
         if type(step) is Step:
             self._run_leaf(item, step, coord, frame, shape)
         elif isinstance(step, Sequence):
@@ -219,7 +220,7 @@ class Interpreter:
             options = [c for c in (step.then, step.otherwise) if c is not None]
             chosen = self._recorded_choice(item, options, enclosing)
             if chosen is None:
-                ctx = self._ctx(item, coord)
+                ctx = self.new_context(item, coord)
                 chosen = step.then if self._call(item, coord, step.predicate, item.data, ctx) else step.otherwise
             if chosen is not None:
                 self._run(item, chosen, enclosing, iteration, step.name)
@@ -227,7 +228,7 @@ class Interpreter:
             target = self._recorded_choice(item, list(step.routes.values()), enclosing)
             name: Any = target.name if target is not None else None
             if target is None:
-                ctx = self._ctx(item, coord)
+                ctx = self.new_context(item, coord)
                 name = self._call(item, coord, step.route, item.data, ctx)
                 target = step.routes.get(str(name)) or (step.routes[step.default] if step.default else None)
             if target is None:
@@ -307,7 +308,7 @@ class Interpreter:
         for name, value in sets.items():
             item.fields[name] = value
             item.modes[name] = "set"
-        if ctx is not None and ctx._usage is not None:
+        if ctx is not None and ctx.record.end() is not None:
             self._stage_completed_usage(item.item_id, coord, ctx)
         elif shape is not None:
             b.add_shaped(item.item_id, shape)
@@ -338,26 +339,26 @@ class Interpreter:
         # checkpoint_every=1: completed steps become durable before the next step runs. Checking here
         # rather than after each step keeps an item's last step, its TERMINAL and its field deltas in
         # one commit (the ack), as the contract says.
-        if self._flush_due():
+        if self.flush_due():
             self.flush()
-        ctx = self._ctx(item, coord)
+        ctx = self.new_context(item, coord)
         self.report.invocations += 1
         try:
             result = step.fn(item.data, ctx)
             sets = self.checked_sets(item.item_id, step, result, ctx)
         except Exception as exc:
-            raise StepFailure(item.item_id, coord, exc, usage=ctx._usage) from exc
+            raise StepFailure(item.item_id, coord, exc, usage=ctx.record.end()) from exc
         except BaseException as exc:
-            raise StepFailure(item.item_id, coord, exc, usage=ctx._usage) from exc
-        self._complete(item, coord, sets, ctx._ops, frame, shape, ctx)
-        if ctx._filtered[0]:
-            raise Filtered(ctx._filtered[1])
+            raise StepFailure(item.item_id, coord, exc, usage=ctx.record.end()) from exc
+        self._complete(item, coord, sets, ctx.record.ops, frame, shape, ctx)
+        if ctx.record.filtered[0]:
+            raise Filtered(ctx.record.filtered[1])
 
     def _run_leaf_guarded(self, item: WorkItem, step: Step, coord: StepCoord, frame: Any, shape: Any) -> None:
         """:meth:`_run_leaf` with a retry policy, a rate limit or async steps: the call goes through attempts.py."""
         if frame in item.completed:
             return
-        if self._flush_due():
+        if self.flush_due():
             self.flush()
         calls: list[ItemContext] = []
         try:
@@ -366,11 +367,11 @@ class Interpreter:
         except BaseException as exc:
             attempt = item.attempt if self.shared.retry is not None else None
             # the last attempt's usage goes with its FAILED row (an earlier one's went with its transient row)
-            usage = calls[-1]._usage if calls else None
+            usage = calls[-1].record.end() if calls else None
             raise StepFailure(item.item_id, coord, exc, attempt=attempt, usage=usage) from exc
-        self._complete(item, coord, sets, ctx._ops, frame, shape, ctx)
-        if ctx._filtered[0]:
-            raise Filtered(ctx._filtered[1])
+        self._complete(item, coord, sets, ctx.record.ops, frame, shape, ctx)
+        if ctx.record.filtered[0]:
+            raise Filtered(ctx.record.filtered[1])
 
     def checked_sets(self, item_id: str, step: Step, result: Any, ctx: ItemContext) -> Mapping[str, Any]:
         """The fields a finished call of ``step`` returned, checked: the one place every driver checks a call.
@@ -383,7 +384,7 @@ class Interpreter:
             return NO_FIELDS
         sets = self._check_result_of(item_id, step, result)
         for name in sets:
-            ctx._mode_check(name, "set")
+            ctx.record.check_mode(item_id, name, "set")
         return sets
 
     def _check_result(self, item: WorkItem, step: Step, result: Any) -> dict[str, Any]:
@@ -408,7 +409,7 @@ class Interpreter:
         if coord.frame_key in item.completed:
             return
         pv = self.shared.processor_version
-        ctx = self._ctx(item, coord)
+        ctx = self.new_context(item, coord)
         if isinstance(step, MapReduce):
             inputs = self._call(item, coord, lambda: [dict(x) for x in step.over(item.data, ctx)])
             bodies: list[Step] = [step.map] * len(inputs)
@@ -446,7 +447,7 @@ class Interpreter:
             if resumable:
                 child = WorkItem.start(cid, item.key, child_input, fp, cstate, item.children)
             else:
-                if cstate is None and cid not in self._known_children:
+                if cstate is None and cid not in self.known_children:
                     self.shared.writer.prime(cid, last_seq=-1)
                 child = WorkItem(cid, item.key, child_input, fp, None, item.children)
                 created = {
@@ -461,7 +462,7 @@ class Interpreter:
                 }
             # From here on the writer tracks the child's sequence; a Loop running this fan-out again
             # starts a new generation of the same child id after it, never over it.
-            self._known_children.add(cid)
+            self.known_children.add(cid)
             item.children.pop(cid, None)
             if parallel:
                 jobs.append(ChildJob(idx, child, body, created))
@@ -483,7 +484,7 @@ class Interpreter:
                 for f in children_fields:
                     sets.update(f)
         except Exception as exc:
-            raise StepFailure(item.item_id, coord, exc, usage=ctx._usage) from exc
+            raise StepFailure(item.item_id, coord, exc, usage=ctx.record.end()) from exc
         self._complete(item, coord, sets, [], ctx=ctx)
 
 

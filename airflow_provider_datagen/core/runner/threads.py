@@ -94,7 +94,7 @@ class ItemWorker(Interpreter):
             result = step.fn(src.data, ctx)
             sets = self.checked_sets(iid, step, result, ctx)
         except BaseException as exc:
-            return None, StepFailure(iid, coord, exc, usage=ctx._usage)
+            return None, StepFailure(iid, coord, exc, usage=ctx.record.end())
         try:
             self._stage_leaf(iid, coord, shape, done, ctx, sets)
         except BaseException as exc:
@@ -114,7 +114,7 @@ class ItemWorker(Interpreter):
             except BaseException as exc:
                 return None, exc
 
-    def _flush_due(self) -> bool:
+    def flush_due(self) -> bool:
         """At a step boundary, on the sequential run's cadence: ``checkpoint_every=1`` or the time bound.
 
         A fan-out child's worker hands over its own events too; what is left of them joins its
@@ -168,7 +168,7 @@ class ItemWorker(Interpreter):
         running = []
         for idx, child, body, created in jobs:
             # ids of one root: disjoint keys, GIL-atomic adds
-            worker = ItemWorker(shared, self._known_children)
+            worker = ItemWorker(shared, self.known_children)
             job = (child, body, path, created)
             running.append((idx, worker, job, pool.submit(worker.work_child, *job)))
         permits.release()
@@ -245,7 +245,7 @@ class RootWorkers:
         self.concurrency = concurrency
         #: a one-step pipeline with no retry, rate limit or bridge: fresh items take the short path,
         #: as run_items' loop does (a guarded call goes through attempts.py on the general driver)
-        self.leaf = runner._leaf if type(shared.pipeline) is Step and not guarded(shared) else None
+        self.leaf = runner.leaf_site if type(shared.pipeline) is Step and not guarded(shared) else None
         self.jobs: queue.SimpleQueue[Queued | None] = queue.SimpleQueue()
         self.threads = 0
         #: cleared while a failed item waits for its acknowledgement: a failure may end the run
@@ -344,7 +344,7 @@ class RootWorkers:
                     outcome = worker.work_fresh_leaf(src, leaf)
                 else:
                     if fanout:  # known children are per root, as run_root clears them per root
-                        worker._known_children = set()
+                        worker.known_children = set()
                     outcome = worker.work(item)
             except BaseException as exc:
                 # handed back whatever it is: a thread that died here would leave the main thread
@@ -358,6 +358,106 @@ class RootWorkers:
             report.invocations = worker.steps = 0
 
 
+class MainThread:
+    """The main thread's side of :func:`run_concurrent`: it queues root items and settles finished ones.
+
+    It is the run's only writer: it merges a finished item's buffer into the runner's batch and
+    acknowledges it as :meth:`Runner.run_root` does. Its counters say when to queue more
+    (``outstanding``: queued or running) and whether a budget or a clean stop ended the queueing.
+    """
+
+    def __init__(self, runner: Runner, workers: RootWorkers, tick: Callable[[], None]) -> None:
+        self.runner = runner
+        self.workers = workers
+        self.tick = tick
+        self.short = workers.leaf is not None
+        self.outstanding = 0
+        self.submitted = 0
+        #: the first clean stop (fail_fast, a broken contract, a repeated error): raised at the end
+        self.stopped: DatagenError | None = None
+        self.budget_reached = False
+        #: pulled items a clean stop never started (Committer.release)
+        self.released: list[str] = []
+
+    def fill(self, todo: Iterator[RootJob], bound: int) -> None:
+        """Queue items until ``bound`` are queued or running, the jobs end, or a stop or budget says no more."""
+        runner = self.runner
+        stop_pulling = runner.shared.stop_pulling
+        while self.stopped is None and not self.budget_reached and self.outstanding < bound:
+            if stop_pulling is not None and stop_pulling():
+                # a budget is reached: start nothing new (the queued items stay pending), finish what runs
+                self.reach_budget()
+                return
+            job = next(todo, None)
+            if job is None:
+                return
+            if job.replayed:
+                runner.report.replayed.append(job.src.item_id)
+            item = self.root_item(job) if job.state is not None or not self.short else None
+            self.workers.submit(self.submitted, item, job.src, job.create, job.pulled)
+            self.submitted += 1
+            self.outstanding += 1
+
+    def root_item(self, job: RootJob) -> WorkItem:
+        """The item a worker drives, with what only the log's thread may read (children, blob values)."""
+        runner, src, state = self.runner, job.src, job.state
+        # A restarted or replayed root's children are read here, in the thread that owns the log, as
+        # run_root reads them; a worker only primes the ids of children it creates.
+        children = (
+            runner.children_states(src.item_id)
+            if runner.shared.has_fanout and (job.history or (state is not None and state.status is ItemStatus.RUNNING))
+            else {}
+        )
+        if children:  # their blob-stored values too: a worker never reads the log
+            children = {cid: replace(st, fields=loaded_fields(st.fields)) for cid, st in children.items()}
+        # a replayed root's recorded fields are loaded here too (WorkItem.start reads its blobs)
+        return WorkItem.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
+
+    def reach_budget(self) -> None:
+        """The budget is reached: start nothing new; the queued items stay pending."""
+        self.budget_reached = True
+        self.outstanding -= _unqueue(self.runner.report, self.workers.unstarted())
+
+    def settle(self, done: Finished) -> None:
+        """Acknowledge one finished (or failed, or unstarted) item, as the sequential driver would."""
+        runner = self.runner
+        index, item, src, batch, invocations, steps, (outcome, exc) = done
+        self.outstanding -= 1
+        if outcome is NOT_STARTED:
+            # its worker saw the budget reached: start nothing new, finish what runs
+            _unqueue(runner.report, [Queued(index, item, src, False)])
+            if not self.budget_reached:
+                self.reach_budget()
+            return
+        runner.batch.extend(batch)
+        runner.report.invocations += invocations
+        runner.steps += steps
+        if outcome is STAGED:
+            # the short path's TERMINAL is in its buffer: acknowledged as run_fresh_leaf does
+            runner.acked += 1
+            runner.report.processed.append(src.item_id)
+            if runner.flush_due():
+                runner.flush()
+        elif exc is None:
+            assert outcome is not None
+            runner.acknowledge(src.item_id, outcome[0], outcome[1])
+        else:
+            try:
+                on_failure(runner, item or runner.bare_item(src), exc)
+            except CHUNK_STOPS as err:
+                # fail_fast, the contract broken once too often, the same error repeated: start
+                # nothing more (pull nothing more), but acknowledge what is already running (its work
+                # is paid for) before raising the first such error, as sequential does
+                if self.stopped is None:
+                    self.stopped = err
+                    left = self.workers.unstarted()
+                    self.outstanding -= _unqueue(runner.report, left)
+                    self.released += [q.src.item_id for q in left if q.pulled]
+            if self.stopped is None:
+                self.workers.release()
+        self.tick()
+
+
 def run_concurrent(
     runner: Runner,
     pool: ThreadPoolExecutor,
@@ -368,60 +468,25 @@ def run_concurrent(
     """:meth:`Runner.run_root` for ``jobs``, up to ``concurrency`` at a time.
 
     Workers only drive an item into a private buffer; the runner's (main) thread stays the only
-    writer: it merges finished items' buffers into its batch and acknowledges them exactly as
-    :meth:`Runner.run_root` does, then flushes, reports progress and queues the next items. Up to
-    ``concurrency`` more items than run wait queued (their ITEM_CREATED is committed already), so a
-    thread that finishes starts its next item without waiting for this thread to acknowledge. A
-    worker hands over its item's finished steps mid-item when a sequential run would commit them (its
-    own ``flush``), and this thread commits them before anything else. An item that never finished
-    has only its ITEM_CREATED and the steps handed over in the log, so it resumes from there next run.
+    writer (:class:`MainThread`): it merges finished items' buffers into its batch and acknowledges
+    them exactly as :meth:`Runner.run_root` does, then flushes, reports progress and queues the next
+    items. Up to ``concurrency`` more items than run wait queued (their ITEM_CREATED is committed
+    already), so a thread that finishes starts its next item without waiting for this thread to
+    acknowledge. A worker hands over its item's finished steps mid-item when a sequential run would
+    commit them (its own ``flush``), and this thread commits them before anything else. An item that
+    never finished has only its ITEM_CREATED and the steps handed over in the log, so it resumes from
+    there next run; one a clean stop never started is released.
     """
-    shared = runner.shared
     todo: Iterator[RootJob] = iter(jobs)
-    released: list[str] = []  # pulled items a clean stop never started (Committer.release)
     workers = RootWorkers(runner, pool, concurrency)
-    short = workers.leaf is not None
-    outstanding = 0  # queued or running
+    main = MainThread(runner, workers, tick)
     bound = 2 * concurrency  # queued or running: a thread that finishes finds its next item queued
-    submitted = 0
-    stopped: DatagenError | None = None
-    budget_reached = False
     waiting = False
-    handoff = shared.handoff
-    report = runner.report
-    processed = report.processed
-
+    handoff = runner.shared.handoff
     try:
         while True:
-            while stopped is None and not budget_reached and outstanding < bound:
-                if shared.stop_pulling is not None and shared.stop_pulling():
-                    # a budget is reached: start nothing new (the queued items stay pending), finish what runs
-                    budget_reached = True
-                    outstanding -= _unqueue(report, workers.unstarted())
-                    break
-                job = next(todo, None)
-                if job is None:
-                    break
-                src, state, replayed, history, create = job
-                if replayed:
-                    report.replayed.append(src.item_id)
-                item: WorkItem | None = None
-                if state is not None or not short:
-                    # A restarted or replayed root's children are read here, in the thread that owns
-                    # the log, as run_root reads them; a worker only primes the ids of children it creates.
-                    children = (
-                        runner.children_states(src.item_id)
-                        if shared.has_fanout and (history or (state is not None and state.status is ItemStatus.RUNNING))
-                        else {}
-                    )
-                    if children:  # their blob-stored values too: a worker never reads the log
-                        children = {cid: replace(st, fields=loaded_fields(st.fields)) for cid, st in children.items()}
-                    # a replayed root's recorded fields are loaded here too (WorkItem.start reads its blobs)
-                    item = WorkItem.start(src.item_id, src.key, src.data, src.fingerprint, state, children)
-                workers.submit(submitted, item, src, create, job.pulled)
-                submitted += 1
-                outstanding += 1
-            if not outstanding:
+            main.fill(todo, bound)
+            if not main.outstanding:
                 break
             waiting = True
             # requests first: a worker posts one and waits, so its item cannot finish before it
@@ -432,42 +497,8 @@ def run_concurrent(
             if len(finished) > 1:
                 # several can finish together: acknowledge them in submission order, not set order
                 finished.sort(key=_submission_order)
-            for index, item, src, batch, invocations, steps, (outcome, exc) in finished:
-                outstanding -= 1
-                if outcome is NOT_STARTED:
-                    # its worker saw the budget reached: start nothing new, finish what runs
-                    _unqueue(report, [Queued(index, item, src, False)])
-                    if not budget_reached:
-                        budget_reached = True
-                        outstanding -= _unqueue(report, workers.unstarted())
-                    continue
-                runner.batch.extend(batch)
-                report.invocations += invocations
-                runner.steps += steps
-                if outcome is STAGED:
-                    # the short path's TERMINAL is in its buffer: acknowledged as run_fresh_leaf does
-                    runner.acked += 1
-                    processed.append(src.item_id)
-                    if runner._flush_due():
-                        runner.flush()
-                elif exc is None:
-                    assert outcome is not None
-                    runner.acknowledge(src.item_id, outcome[0], outcome[1])
-                else:
-                    try:
-                        on_failure(runner, item or runner._bare_item(src), exc)
-                    except CHUNK_STOPS as err:
-                        # fail_fast, the contract broken once too often, the same error repeated: start
-                        # nothing more (pull nothing more), but acknowledge what is already running (its work
-                        # is paid for) before raising the first such error, as sequential does
-                        if stopped is None:
-                            stopped = err
-                            left = workers.unstarted()
-                            outstanding -= _unqueue(report, left)
-                            released += [q.src.item_id for q in left if q.pulled]
-                    if stopped is None:
-                        workers.release()
-                tick()
+            for done in finished:
+                main.settle(done)
     except BaseException as exc:
         # A run-ending error (a reraise type, an interrupt, a fencing error): items still in flight
         # are not acknowledged (they replay next run); their threads finish into buffers nobody reads
@@ -476,7 +507,7 @@ def run_concurrent(
         for request in handoff.close():
             request.error = exc
             request.done.set()
-        _unqueue(report, workers.unstarted())
+        _unqueue(runner.report, workers.unstarted())
         workers.stop()
         if waiting:
             # it arrived between items (an orchestrator's timeout lands in the main thread): the
@@ -485,10 +516,10 @@ def run_concurrent(
         raise
     handoff.close()
     workers.stop()
-    if stopped is not None:
-        runner.release([*released, *jobs.pulled_unstarted()])
+    if main.stopped is not None:
+        runner.release([*main.released, *jobs.pulled_unstarted()])
         runner.flush()
-        raise stopped
+        raise main.stopped
 
 
 def _submission_order(finished: Finished) -> int:
