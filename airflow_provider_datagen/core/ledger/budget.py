@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from airflow_provider_datagen.core.fold.usage import NANOS
 from airflow_provider_datagen.exceptions import bad_argument
@@ -23,9 +23,16 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from airflow_provider_datagen.core.ledger.records import UsageRecord
-    from airflow_provider_datagen.core.store.log import CheckpointLog
 
 logger = logging.getLogger(__name__)
+
+
+class SpendSource(Protocol):
+    """What a budget reads of the event log (``CheckpointLog`` is one): typed here so the money
+    domain does not import the store."""
+
+    def usage_spend(self, *, exclude_writer: tuple[str, int] | None = None) -> tuple[int, int]: ...
+
 
 #: how often (seconds) a run re-reads the other writers' spend from the log while it has a budget
 REFRESH_SECONDS = 0.5
@@ -91,7 +98,7 @@ class Budget(NamedTuple):
         return None
 
 
-def budget_reached(log: CheckpointLog, budget: Budget) -> str | None:
+def budget_reached(log: SpendSource, budget: Budget) -> str | None:
     """Why what ``log`` holds has reached ``budget``, or None (always None without a budget)."""
     return budget.reached(*log.usage_spend()) if budget.is_set else None
 
@@ -105,7 +112,7 @@ class RunUsage:
 
     def __init__(
         self,
-        log: CheckpointLog,
+        log: SpendSource,
         writer: tuple[str, int],
         budget: Budget,
         *,

@@ -11,7 +11,7 @@ costs a tuple, not a record.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from airflow_provider_datagen.core.error_text import error_message, error_traceback, error_type
 from airflow_provider_datagen.core.events import ID_SEP, EncodedValue, encode_value
@@ -26,9 +26,9 @@ from airflow_provider_datagen.core.schema import (
 from airflow_provider_datagen.exceptions import InvalidEventError, InvalidItemError
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Container
 
-    from airflow_provider_datagen.core.store.writer import LogWriter
+    from airflow_provider_datagen.core.schema import StepKind
 
 MAX_ITEM_ID = 4 * MAX_KEY_LENGTH
 #: Error texts longer than this are cut (a FAILED row must always be writable).
@@ -43,6 +43,8 @@ COMPLETED_VALUE = EventType.STEP_COMPLETED.value
 FAILED_VALUE = EventType.FAILED.value
 TERMINAL_VALUE = EventType.TERMINAL.value
 RUNNING = ItemStatus.RUNNING.value
+NEVER_STARTED = ItemStatus.NEVER_STARTED.value
+_RELEASED = "\x00released"  # the released shape's key among the TERMINAL shapes (no status)
 
 #: What the commit must do for an event beyond numbering it (:attr:`Shape.kind`): an ITEM_CREATED
 #: starts the item's fingerprint and field modes, a field event checks and records its field's mode.
@@ -85,6 +87,40 @@ EventExtras = tuple[str | None, EncodedValue | None, ErrorInfo | None, str | Non
 #: is None except on ITEM_CREATED (the commit fills in the item's); ``id_tail`` is ``shape.id_tail``
 #: unless the event carries a field, a value or an error.
 StagedEvent = tuple[str, Shape, str | None, str, EventExtras | None]
+
+
+class _Thresholds(Protocol):
+    @property
+    def blob_threshold(self) -> int: ...
+
+
+class BatchWriter(Protocol):
+    """What a batch needs of its writer (:class:`~.writer.LogWriter` is one; typed here, not imported back)."""
+
+    @property
+    def log(self) -> _Thresholds: ...
+
+    @property
+    def processor_version(self) -> str | None: ...
+
+    @property
+    def item_cursors(self) -> Container[str]: ...
+
+    @property
+    def terminal_shapes(self) -> dict[str, Shape]: ...
+
+    def shape(
+        self,
+        event_type: str,
+        step: str | None,
+        step_kind: str | StepKind | None,
+        enclosing_step: str | None,
+        iteration: int | None,
+        fanout_index: int | None,
+        selector_step: str | None,
+        processor_version: str | None,
+        status: str | None,
+    ) -> Shape: ...
 
 
 def check_item_id(item_id: object) -> str:
@@ -131,12 +167,12 @@ def _clip(text: str | None) -> str | None:
 class Batch:
     """One checkpoint batch: collected in memory, committed as one Lance append, all or nothing."""
 
-    def __init__(self, writer: LogWriter) -> None:
+    def __init__(self, writer: BatchWriter) -> None:
         self._writer = writer
-        # the writer's own dicts (its companion in this package), read on every event: the item ids
-        # it already sequences (validated when it learnt them) and the TERMINAL shapes by status
-        self._known = writer._items
-        self._terminal_shapes = writer._terminal_shapes
+        # the writer's own dicts, read on every event: the item ids it already sequences (validated
+        # when it learnt them) and the TERMINAL shapes by status
+        self._known = writer.item_cursors
+        self._terminal_shapes = writer.terminal_shapes
         #: the staged events, in order
         self.events: list[StagedEvent] = []
         #: positions in :attr:`events` of the events whose ``extras`` is not None
@@ -368,6 +404,20 @@ class Batch:
         tail = f"{shape.id_coords}{SEP}{SEP}{value_part}{SEP}{id_part(err.type)}{SEP}{id_part(err.message)}"
         self.with_extras.append(len(self.events))
         self.events.append((item_id, shape, None, tail, (None, enc, err, None)))
+
+    def released(self, item_id: str) -> None:
+        """The item leaves the inbox unstarted: a TERMINAL ``never_started`` closes a generation with no steps.
+
+        Staged by a clean stop for the items it pulled (ITEM_CREATED committed) but never started
+        (core/runner/jobs.py): they fold as ``never_started``, and the next run pulls them afresh.
+        """
+        item_id = self._id(item_id)
+        # cached under a key no terminal() status can be, so terminal() still refuses never_started
+        shape = self._terminal_shapes.get(_RELEASED)
+        if shape is None:
+            shape = self._writer.shape(TERMINAL_VALUE, None, None, None, None, None, None, None, NEVER_STARTED)
+            self._terminal_shapes[_RELEASED] = shape
+        self.events.append((item_id, shape, None, shape.id_tail, None))
 
     def terminal(self, item_id: str, *, status: str = "completed", reason: Any = None) -> None:
         """The item finished: ``completed`` or ``filtered`` (with an optional JSON ``reason``)."""

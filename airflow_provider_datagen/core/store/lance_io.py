@@ -296,7 +296,7 @@ def create_dataset(
     )
 
 
-def _dataset_exists(uri: str, storage_options: dict[str, str] | None) -> bool:
+def dataset_exists(uri: str, storage_options: dict[str, str] | None) -> bool:
     if is_local(uri):
         return os.path.isdir(os.path.join(local_path(uri), "_versions"))
     try:
@@ -315,12 +315,12 @@ def overwrite_dataset(
     for an overwrite (or append) that creates, straight into the user's terminal or task log. A
     create that loses a race to another writer overwrites what that writer made, as asked.
     """
-    if _dataset_exists(uri, storage_options):
+    if dataset_exists(uri, storage_options):
         return lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
     try:
         return lance.write_dataset(table, uri, mode="create", storage_options=storage_options)
     except LANCE_ERRORS:
-        if not _dataset_exists(uri, storage_options):
+        if not dataset_exists(uri, storage_options):
             raise
         return lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import lance
     import pyarrow as pa
 
-    from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.table import LanceTable
 
 logger = logging.getLogger(__name__)
 
@@ -57,37 +57,37 @@ class MaintenanceLease:
         self._lease.release()
 
 
-def maintain(log: CheckpointLog, *, cleanup_older_than: dt.timedelta, target_rows_per_fragment: int) -> dict[str, Any]:
+def maintain(log: LanceTable, *, cleanup_older_than: dt.timedelta, target_rows_per_fragment: int) -> dict[str, Any]:
     """See :meth:`CheckpointLog.maintain`."""
-    if log._dataset() is None:
+    if log.dataset() is None:
         return {"skipped": True, "reason": "the log is empty"}
     lease = MaintenanceLease(log.uri, log.storage_options)
     if not lease.acquire():
         return {"skipped": True, "reason": "another maintenance worker holds the lease"}
     try:
-        ds = log._dataset()
+        ds = log.dataset()
         if ds is None:
             return {"skipped": True, "reason": "the log is empty"}
         before = len(ds.get_fragments())
         try:
             ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
-            ds = log._dataset()
+            ds = log.dataset()
             assert ds is not None
             present = {idx.field_names[0] for idx in ds.describe_indices() if idx.field_names}
             for col in INDEXED_COLUMNS:
                 if col not in present:
                     ds.create_scalar_index(col, "BTREE")
-            ds = log._dataset()
+            ds = log.dataset()
             assert ds is not None
             ds.optimize.optimize_indices()
-            ds = log._dataset()
+            ds = log.dataset()
             assert ds is not None
             removed = ds.cleanup_old_versions(older_than=cleanup_older_than)
         except lance_io.LANCE_ERRORS as exc:
             if "conflict" in str(exc).lower() or "retryable" in str(exc).lower():
                 return {"skipped": True, "reason": f"a concurrent maintenance committed first ({exc})"}
-            raise log._translate(exc, "maintaining the log") from None
-        ds = log._dataset()
+            raise log.translate(exc, "maintaining the log") from None
+        ds = log.dataset()
         assert ds is not None
         projected = projection.write_projection(log, ds, cleanup_older_than)
         usage_rows = usage_projection.write_usage_projection(log, ds, cleanup_older_than)
@@ -105,29 +105,41 @@ def maintain(log: CheckpointLog, *, cleanup_older_than: dt.timedelta, target_row
         lease.release()
 
 
-def maybe_auto_maintain(log: CheckpointLog) -> None:
-    """After an append: maintain once the log has ``auto_maintain_fragments`` fragments or more."""
-    limit = log.auto_maintain_fragments
-    ds = log._ds
-    if not limit or ds is None:
-        return
-    log._appends_since_check += 1
-    # Counting fragments lists the manifest; once every 32 appends is plenty for a bound of hundreds.
-    if log._appends_since_check < _AUTO_CHECK_EVERY:
-        return
-    log._appends_since_check = 0
-    fragments = len(ds.get_fragments())
-    if fragments >= limit:
-        logger.info("log %s has %d fragments: running maintenance", log.uri, fragments)
-        log.maintain()
+class AutoMaintenance:
+    """When a log's appends call for a maintenance: once it has ``limit`` fragments or more."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.appends_since_check = 0
+
+    def due(self, limit: int | None, ds: lance.LanceDataset | None) -> bool:
+        """After an append to ``ds``: whether to maintain now (``limit`` None or 0: never)."""
+        if not limit or ds is None:
+            return False
+        self.appends_since_check += 1
+        # Counting fragments lists the manifest; once every 32 appends is plenty for a bound of hundreds.
+        if self.appends_since_check < _AUTO_CHECK_EVERY:
+            return False
+        self.appends_since_check = 0
+        fragments = len(ds.get_fragments())
+        if fragments >= limit:
+            logger.info("log %s has %d fragments: running maintenance", self.uri, fragments)
+            return True
+        return False
 
 
-def refresh_projection(log: CheckpointLog, *, min_new_events: int | None, cleanup_older_than: dt.timedelta) -> bool:
-    """See :meth:`CheckpointLog.refresh_projection`."""
-    ds = log._dataset()
+def refresh_projection(
+    log: LanceTable,
+    memo: projection.FoldMemo | None,
+    *,
+    min_new_events: int | None,
+    cleanup_older_than: dt.timedelta,
+) -> bool:
+    """See :meth:`CheckpointLog.refresh_projection` (``memo``: the log object's last fold)."""
+    ds = log.dataset()
     if ds is None:
         return False
-    folded = projection.memo_base(log, ds) if lance_io.row_versions(ds) else None
+    folded = projection.memo_base(memo, log, ds) if lance_io.row_versions(ds) else None
     if folded is None:
         return False
     table, version = folded
@@ -135,9 +147,7 @@ def refresh_projection(log: CheckpointLog, *, min_new_events: int | None, cleanu
     return bool(new) and store_fold(log, table, version, new, cleanup_older_than)
 
 
-def projection_wanted(
-    log: CheckpointLog, ds: lance.LanceDataset, version: int, min_new_events: int | None = None
-) -> int:
+def projection_wanted(log: LanceTable, ds: lance.LanceDataset, version: int, min_new_events: int | None = None) -> int:
     """How many events a fold at ``version`` covers beyond the stored projection; 0 when not worth storing.
 
     Worth storing: at least ``min_new_events`` (default :data:`PROJECTION_MIN_NEW_EVENTS`) of them.
@@ -154,12 +164,12 @@ def projection_wanted(
             filter=f"_row_created_at_version > {stored_version} AND _row_created_at_version <= {version}"
         )
     except lance_io.LANCE_ERRORS as exc:
-        raise log._translate(exc, "reading the log") from None
+        raise log.translate(exc, "reading the log") from None
     return int(new) if new >= min_new_events else 0
 
 
 def store_fold(
-    log: CheckpointLog,
+    log: LanceTable,
     states: pa.Table | pa.RecordBatchReader,
     version: int,
     new: int,

@@ -2,7 +2,8 @@
 
 :meth:`CheckpointLog.states` folds every item. Two caches spare it the whole log: the fold this
 object made last (the *memo*), and the *state projection* ``state.lance`` that maintenance and
-planners store beside the log. Both are the states at some log version; only the items with events
+planners store beside the log. The functions here read through the log's :class:`~.table.LanceTable`;
+the memo is the log object's, passed in. Both are the states at some log version; only the items with events
 after that version are folded again. Both are disposable (see docs/design.md, "Lenses"): any doubt
 about one (missing, unreadable, another schema, not provably of this log) means a full fold.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,7 @@ from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_batches, fold_
 from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, LIGHT_COLUMNS
 from airflow_provider_datagen.core.status import Tally, tally
 from airflow_provider_datagen.core.store import bucketed_fold, lance_io
-from airflow_provider_datagen.core.store.paths import is_local
+from airflow_provider_datagen.core.store.paths import is_local, projection_uri
 from airflow_provider_datagen.exceptions import LogCorruptedError, MisalignedStreamsError
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
     import lance
 
-    from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.table import LanceTable
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,18 @@ TALLY_FAILED_IDS = 1000
 #: Above this many ids, :func:`states_of` takes their rows from the whole fold: at 1M items, 32,000
 #: ids filtered cost 0.7-0.9 s, the fold 0.4 s from the projection and 2.3 s without one.
 STATES_OF_MAX = 1 << 14
+
+
+class Located(Protocol):
+    """What the projection's own reads and writes need of a log: a :class:`~.table.LanceTable`, or the log over one."""
+
+    uri: str
+    storage_options: dict[str, str] | None
+
+    @property
+    def log_id(self) -> str | None: ...
+
+    def check_recorded_version(self, what: str, uri: str, log_id: str | None, version: int) -> None: ...
 
 
 class FoldMemo(NamedTuple):
@@ -66,18 +79,17 @@ class StoredProjection(NamedTuple):
     log_version: int
 
 
-def version_token(log: CheckpointLog, version: int, ds: lance.LanceDataset) -> tuple[Any, ...] | None:
+def version_token(log: LanceTable, version: int, ds: lance.LanceDataset) -> tuple[Any, ...] | None:
     """The identity of ``version`` of the log: a log deleted and written again reuses numbers."""
     return lance_io.version_token(log.uri, version, ds)
 
 
-def memo_base(log: CheckpointLog, ds: lance.LanceDataset) -> Folded | None:
-    """The states ``log`` folded last, when they are of this log at ``ds``'s version or before it.
+def memo_base(memo: FoldMemo | None, log: LanceTable, ds: lance.LanceDataset) -> Folded | None:
+    """The states folded last (``memo``), when they are of this log at ``ds``'s version or before it.
 
     A map task folds the log to plan its chunk and again for its status after writing: the
     second fold then reads only the items the task touched, as with the projection.
     """
-    memo = log._memo
     if memo is None or memo.token is None or memo.version > int(ds.version):
         return None
     if memo.token != version_token(log, memo.version, ds):
@@ -86,55 +98,54 @@ def memo_base(log: CheckpointLog, ds: lance.LanceDataset) -> Folded | None:
 
 
 def states_at(
-    log: CheckpointLog, ds: lance.LanceDataset, ids: pa.Array | Sequence[str] | None
+    log: LanceTable, ds: lance.LanceDataset, ids: pa.Array | Sequence[str] | None, memo: FoldMemo | None
 ) -> tuple[pa.Table, np.ndarray | None]:
     """The states of the log at ``ds``'s version, from the memo or the projection plus the events since.
 
     With ``ids`` and a full fold, also the row of each of them (see ``fold.fold_batches``).
     """
     version = int(ds.version)
-    base = (memo_base(log, ds) or read_projection(log, version)) if lance_io.row_versions(ds) else None
+    base = (memo_base(memo, log, ds) or read_projection(log, version)) if lance_io.row_versions(ds) else None
     if base is not None:
         table, base_version = base
         if base_version == version:
             return table, None
-        delta = log._scan_ds(ds, ["item_id"], f"_row_created_at_version > {base_version}")
+        delta = log.scan_at(ds, ["item_id"], f"_row_created_at_version > {base_version}")
         touched = pc.unique(delta["item_id"])
         if len(touched) == 0:
             return table, None
         if len(touched) <= max(1000, table.num_rows // 4):
-            events = log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(touched))
+            events = log.scan_at(ds, LIGHT_COLUMNS, pc.field("item_id").isin(touched))
             kept = table.filter(pc.invert(pc.is_in(table["item_id"], value_set=touched)))
             return pa.concat_tables([kept, fold_table(events)]), None
     return fold_scan(log, ds, ids)
 
 
-def states_of(log: CheckpointLog, ids: pa.Array | Sequence[str]) -> pa.Table:
-    """The rows of ``log.states()`` for ``ids`` (unique) alone, a row for each that has events.
+def states_of(log: LanceTable, ids: pa.Array | Sequence[str]) -> pa.Table | None:
+    """The rows of ``CheckpointLog.states()`` for ``ids`` (unique) alone, a row for each that has events.
 
     The fold is per item, so folding every event of these items alone gives exactly their rows of
     the whole fold; the scan filters on ``item_id``, which maintenance indexes, so its cost follows
     the items asked for and the fragments appended since the last maintenance, not the whole log.
     For more than :data:`STATES_OF_MAX` ids the whole (streamed) fold costs less than holding all
-    their events at once, and their rows are taken from it. The filter is a pyarrow expression:
-    any id is safe in it, and one never written has no row.
+    their events at once: then None, and the caller takes their rows from it. The filter is a
+    pyarrow expression: any id is safe in it, and one never written has no row.
     """
     wanted = id_array(ids)
-    ds = log._dataset()
+    ds = log.dataset()
     if ds is None or not len(wanted):
         return STATE_SCHEMA.empty_table()
     if len(wanted) > STATES_OF_MAX:
-        table, index = log.states_for(wanted)
-        return table.take(pa.array(index[index >= 0]))
+        return None
     # A run never writes into a log another schema version wrote rows to, whichever items they are
     # of: the rows of any other version are read (and refused) here, a pushdown on one int column
     # (10-25 ms at 5M events).
-    log._scan_ds(ds, ["schema_version"], f"schema_version != {DATAGEN_SCHEMA_VERSION}")
-    return fold_table(log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(wanted)))
+    log.scan_at(ds, ["schema_version"], f"schema_version != {DATAGEN_SCHEMA_VERSION}")
+    return fold_table(log.scan_at(ds, LIGHT_COLUMNS, pc.field("item_id").isin(wanted)))
 
 
 def fold_scan(
-    log: CheckpointLog, ds: lance.LanceDataset, ids: pa.Array | Sequence[str] | None
+    log: LanceTable, ds: lance.LanceDataset, ids: pa.Array | Sequence[str] | None
 ) -> tuple[pa.Table, np.ndarray | None]:
     """Fold the whole log from streamed scans of its light columns (see ``fold.fold_batches``).
 
@@ -150,14 +161,14 @@ def fold_scan(
         pinned = ds.checkout_version(int(ds.version))
         events = int(pinned.count_rows())
     except lance_io.LANCE_ERRORS as exc:
-        raise log._translate(exc, "reading the log") from None
+        raise log.translate(exc, "reading the log") from None
     if events > bucketed_fold.BUCKETED_EVENTS:
-        table = bucketed_fold.fold_bucketed(log._batches(pinned, LIGHT_COLUMNS), events)
+        table = bucketed_fold.fold_bucketed(log.batches(pinned, LIGHT_COLUMNS), events)
         return table, None if ids is None else rows_of(table, id_array(ids))
     other = [c for c in LIGHT_COLUMNS if c != "item_id"]
     wanted = None if ids is None else id_array(ids)
     try:
-        return fold_batches(log._batches(pinned, ["item_id"], checked=False), wanted, other=log._batches(pinned, other))
+        return fold_batches(log.batches(pinned, ["item_id"], checked=False), wanted, other=log.batches(pinned, other))
     except MisalignedStreamsError:  # one pinned version cannot differ; never fold misaligned rows
         raise LogCorruptedError(f"reading {log.uri}: two scans of version {pinned.version} differ") from None
 
@@ -185,7 +196,7 @@ class ProjectionUnreadable(Exception):
 _STATE_BATCH_ROWS = 1 << 16
 
 
-def state_batches(log: CheckpointLog, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch] | None:
+def state_batches(log: LanceTable, ds: lance.LanceDataset, memo: FoldMemo | None) -> Iterator[pa.RecordBatch] | None:
     """:func:`states_at` as a stream of state batches, for a planner that cannot hold every state.
 
     The same states (the memo or the projection, minus the items with events since, plus those
@@ -195,10 +206,10 @@ def state_batches(log: CheckpointLog, ds: lance.LanceDataset) -> Iterator[pa.Rec
     version = int(ds.version)
     if not lance_io.row_versions(ds):
         return None
-    memo = memo_base(log, ds)
-    if memo is not None:
-        base_version, rows = memo.version, memo.states.num_rows
-        stored: Iterator[pa.RecordBatch] = iter(memo.states.to_batches(max_chunksize=_STATE_BATCH_ROWS))
+    remembered = memo_base(memo, log, ds)
+    if remembered is not None:
+        base_version, rows = remembered.version, remembered.states.num_rows
+        stored: Iterator[pa.RecordBatch] = iter(remembered.states.to_batches(max_chunksize=_STATE_BATCH_ROWS))
     else:
         projected = open_projection(log)
         if projected is None or not 0 < projected.log_version <= version:
@@ -212,14 +223,14 @@ def state_batches(log: CheckpointLog, ds: lance.LanceDataset) -> Iterator[pa.Rec
             return None
     if base_version == version:
         return stored
-    delta = log._scan_ds(ds, ["item_id"], f"_row_created_at_version > {base_version}")
+    delta = log.scan_at(ds, ["item_id"], f"_row_created_at_version > {base_version}")
     touched = pc.unique(delta["item_id"])
     del delta
     if len(touched) == 0:
         return stored
     if len(touched) > max(1000, rows // 4):
         return None
-    events = log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(touched))
+    events = log.scan_at(ds, LIGHT_COLUMNS, pc.field("item_id").isin(touched))
     refolded = fold_table(events)
     del events
 
@@ -243,18 +254,18 @@ def _projection_stream(dataset: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
         yield batch.replace_schema_metadata(None)
 
 
-def event_batches(log: CheckpointLog, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
+def event_batches(log: LanceTable, ds: lance.LanceDataset) -> Iterator[pa.RecordBatch]:
     """The light columns of every event of the log at ``ds``'s version, batch by batch (for a streamed fold)."""
     try:
         pinned = ds.checkout_version(int(ds.version))
     except lance_io.LANCE_ERRORS as exc:
-        raise log._translate(exc, "reading the log") from None
-    return log._batches(pinned, LIGHT_COLUMNS)
+        raise log.translate(exc, "reading the log") from None
+    return log.batches(pinned, LIGHT_COLUMNS)
 
 
-def open_projection(log: CheckpointLog) -> StoredProjection | None:
+def open_projection(log: Located) -> StoredProjection | None:
     """The state projection and the log version it folds, when it is one this code can read."""
-    uri = log.projection_uri
+    uri = projection_uri(log.uri)
     if is_local(uri) and not os.path.isdir(os.path.join(uri, "_versions")):
         return None
     try:
@@ -279,7 +290,7 @@ def open_projection(log: CheckpointLog) -> StoredProjection | None:
     return stored
 
 
-def read_projection(log: CheckpointLog, log_version: int, columns: Sequence[str] | None = None) -> Folded | None:
+def read_projection(log: Located, log_version: int, columns: Sequence[str] | None = None) -> Folded | None:
     """The state projection (or its ``columns``) and the log version it folds; None when unusable.
 
     A projection of a version ahead of the log (a log deleted and written again) is unusable too.
@@ -295,13 +306,13 @@ def read_projection(log: CheckpointLog, log_version: int, columns: Sequence[str]
     return Folded(table.replace_schema_metadata(None), stored.log_version)
 
 
-def projection_version(log: CheckpointLog) -> int:
+def projection_version(log: Located) -> int:
     """The log version the state projection folds; 0 when there is none it could be read as."""
     stored = open_projection(log)
     return 0 if stored is None else max(stored.log_version, 0)
 
 
-def write_projection(log: CheckpointLog, ds: lance.LanceDataset, cleanup_older_than: dt.timedelta) -> int:
+def write_projection(log: LanceTable, ds: lance.LanceDataset, cleanup_older_than: dt.timedelta) -> int:
     """Fold the log at ``ds``'s version and store the result as the state projection; returns its rows."""
     table = fold_scan(log, ds, None)[0]
     store_projection(log, table, int(ds.version), cleanup_older_than)
@@ -309,7 +320,7 @@ def write_projection(log: CheckpointLog, ds: lance.LanceDataset, cleanup_older_t
 
 
 def store_projection(
-    log: CheckpointLog, table: pa.Table | pa.RecordBatchReader, version: int, cleanup_older_than: dt.timedelta
+    log: Located, table: pa.Table | pa.RecordBatchReader, version: int, cleanup_older_than: dt.timedelta
 ) -> bool:
     """Store ``table`` (or a stream of its batches), the fold of the log at ``version``, as the state projection.
 
@@ -338,7 +349,7 @@ def store_projection(
         # the status counts of this table, so a status reads only the items changed since
         table = table.replace_schema_metadata({**meta, TALLY_KEY: tally_json(tally(table, keep=TALLY_FAILED_IDS))})
     try:
-        written = lance_io.overwrite_dataset(table, log.projection_uri, log.storage_options)
+        written = lance_io.overwrite_dataset(table, projection_uri(log.uri), log.storage_options)
         if counted:  # a new version, the same rows: a reader of the one before finds no tally and counts
             written.replace_schema_metadata({**meta, TALLY_KEY: tally_json(counted[0])})
         written.cleanup_old_versions(older_than=cleanup_older_than)

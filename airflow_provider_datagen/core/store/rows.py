@@ -2,7 +2,7 @@
 
 A damaged row (a bit flip, a foreign tool, a hand edit) surfaced as a bare ``ValueError`` from deep in
 the decoder; here it becomes a :class:`LogCorruptedError` naming the log, the event and item, and
-what to do. Rows of another schema version are refused by the log itself (``_check_version``); this
+what to do. Rows of another schema version are refused by the log itself (``LanceTable._check_version``); this
 module only names the row that holds one.
 """
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
@@ -28,8 +28,6 @@ from airflow_provider_datagen.exceptions import InvalidItemError
 
 if TYPE_CHECKING:
     import datetime as dt
-
-    from airflow_provider_datagen.core.store.log import CheckpointLog
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +51,15 @@ _SCHEMA = pa.schema(
         ("removed_ids", pa.list_(pa.string())),
     ]
 )
+
+
+class Experiment(Protocol):
+    """Where a source record goes: the experiment's log (``CheckpointLog`` is one)."""
+
+    uri: str
+    storage_options: dict[str, str] | None
+    pipeline: str
+    experiment: str
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,7 @@ def strip_credentials(uri: str) -> tuple[str, bool]:
     return urlunsplit((parts.scheme, host, parts.path, "", "")), True
 
 
-def record_source(log: CheckpointLog, ref: SourceRef) -> None:
+def record_source(log: Experiment, ref: SourceRef) -> None:
     """Record ``ref`` as the experiment's source (overwriting the previous record)."""
     row = ref.as_dict()
     row["recorded_at"] = ref.recorded_at
@@ -114,7 +121,7 @@ def record_source(log: CheckpointLog, ref: SourceRef) -> None:
 def recorded_source(log_uri: str, storage_options: dict[str, str] | None = None) -> SourceRef | None:
     """The source the last plan recorded beside the log at ``log_uri``; None when none did (older logs)."""
     uri = source_ref_uri(log_uri)
-    if not lance_io._dataset_exists(uri, storage_options):
+    if not lance_io.dataset_exists(uri, storage_options):
         return None
     try:
         rows = lance_io.open_dataset(uri, storage_options).to_table().to_pylist()

@@ -12,33 +12,59 @@ written before tallies, too many items changed), :meth:`CheckpointLog.summary` f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
+from airflow_provider_datagen.core.ledger.budget import Budget
 from airflow_provider_datagen.core.schema import LIGHT_COLUMNS, ItemStatus
 from airflow_provider_datagen.core.status import Tally, item_counts, summarize, summary_of, tally
 from airflow_provider_datagen.core.store import lance_io, projection
 from airflow_provider_datagen.core.store.source_ref import SourceRef, recorded_source
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import lance
 
-    from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.table import LanceTable
 
 #: The projection columns a tally counts.
 _COLUMNS = ["item_id", "status", "processor_version", "failures", "violations"]
 
 
-def summary(log: CheckpointLog) -> dict[str, Any] | None:
+class LogReads(Protocol):
+    """What a status reads of the log: :class:`~.log.CheckpointLog` is one (typed here, not imported back)."""
+
+    table: LanceTable
+    uri: str
+    storage_options: dict[str, str] | None
+    pipeline: str
+    experiment: str
+
+    @property
+    def version(self) -> int: ...
+
+    def states(self) -> pa.Table: ...
+
+    def states_of(self, ids: pa.Array | Sequence[str]) -> pa.Table: ...
+
+    def usage(self) -> dict[str, Any]: ...
+
+    def usage_spend(self, *, exclude_writer: tuple[str, int] | None = None) -> tuple[int, int]: ...
+
+    def budget(self) -> dict[str, Any]: ...
+
+
+def summary(log: LogReads) -> dict[str, Any] | None:
     """:meth:`CheckpointLog.summary` from :func:`current_tally`, or from a fold of the log when it cannot be.
 
     Either way counted over the recorded source and with ``stopped_by_budget`` (see :func:`finish`).
     """
-    ds = log._dataset()
-    counted = None if ds is None else current_tally(log, ds)
+    ds = log.table.dataset()
+    counted = None if ds is None else current_tally(log.table, ds)
     if ds is None or counted is None:
         status = summarize(
             log.states(), pipeline=log.pipeline, experiment=log.experiment, log_version=log.version, usage=log.usage()
@@ -50,7 +76,7 @@ def summary(log: CheckpointLog) -> dict[str, Any] | None:
     return finish(log, status, whole_log=True)
 
 
-def finish(log: CheckpointLog, status: dict[str, Any], *, whole_log: bool) -> dict[str, Any]:
+def finish(log: LogReads, status: dict[str, Any], *, whole_log: bool) -> dict[str, Any]:
     """``status`` (a tally of the log's items) counted over the recorded source, with ``stopped_by_budget``.
 
     ``whole_log``: the status counts every item of the log (not a subset of its states), so the
@@ -65,11 +91,8 @@ def finish(log: CheckpointLog, status: dict[str, Any], *, whole_log: bool) -> di
     return status
 
 
-def budget_stop(log: CheckpointLog, pending: int) -> str | None:
+def budget_stop(log: LogReads, pending: int) -> str | None:
     """Why the experiment stopped at its budget (spend and budget) with ``pending`` items left, or None."""
-    # Deferred: the ledger's modules import the store's.
-    from airflow_provider_datagen.core.ledger.budget import Budget
-
     recorded = log.budget()
     budget = Budget(recorded.get("budget_usd"), recorded.get("budget_tokens"))
     if pending <= 0 or not budget.is_set:
@@ -77,7 +100,7 @@ def budget_stop(log: CheckpointLog, pending: int) -> str | None:
     return budget.reached(*log.usage_spend())
 
 
-def over_source(log: CheckpointLog, status: dict[str, Any], ref: SourceRef) -> None:
+def over_source(log: LogReads, status: dict[str, Any], ref: SourceRef) -> None:
     """Count ``status`` over ``ref``'s items: the log's items it left out are ``removed``, apart.
 
     ``total`` is the source's items; those the log never saw are ``never_started`` (a budget stop
@@ -110,7 +133,7 @@ def over_source(log: CheckpointLog, status: dict[str, Any], ref: SourceRef) -> N
     status["removed"] = gone.roots
 
 
-def current_tally(log: CheckpointLog, ds: lance.LanceDataset) -> Tally | None:
+def current_tally(log: LanceTable, ds: lance.LanceDataset) -> Tally | None:
     """The tally of the log at ``ds``'s version from the stored projection and the events since.
 
     None when there is no projection with a tally that covers a version up to ``ds``'s, or when
@@ -128,7 +151,7 @@ def current_tally(log: CheckpointLog, ds: lance.LanceDataset) -> Tally | None:
         return base
     # Light columns of the rows since: the items first seen after the projection are folded from
     # them alone; only the items it already held need their earlier events too.
-    since = log._scan_ds(ds, LIGHT_COLUMNS, f"_row_created_at_version > {stored.log_version}")
+    since = log.scan_at(ds, LIGHT_COLUMNS, f"_row_created_at_version > {stored.log_version}")
     touched = pc.unique(since["item_id"])
     if len(touched) == 0:
         return base
@@ -140,7 +163,7 @@ def current_tally(log: CheckpointLog, ds: lance.LanceDataset) -> Tally | None:
     held = old["item_id"]
     if len(held):
         fresh = since.filter(pc.invert(pc.is_in(since["item_id"], value_set=held)))
-        since = pa.concat_tables([fresh, log._scan_ds(ds, LIGHT_COLUMNS, pc.field("item_id").isin(held))])
+        since = pa.concat_tables([fresh, log.scan_at(ds, LIGHT_COLUMNS, pc.field("item_id").isin(held))])
     before, after = tally(old, keep=None), tally(fold_table(since), keep=None)
     changed = base.replaced(before, after)
     if changed is not None:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     import lance
 
-    from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.table import LanceTable
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class StoredUsage(NamedTuple):
     log_version: int
 
 
-def open_usage_projection(log: CheckpointLog) -> StoredUsage | None:
+def open_usage_projection(log: LanceTable) -> StoredUsage | None:
     """The usage projection and the log version it folds, when it is one this code can read."""
     uri = usage_projection_uri(log.uri)
     if is_local(uri) and not os.path.isdir(os.path.join(uri, "_versions")):
@@ -148,7 +148,7 @@ def open_usage_projection(log: CheckpointLog) -> StoredUsage | None:
     return StoredUsage(pds, int(meta.get(b"log_version", b"-1")))
 
 
-def usable_projection(log: CheckpointLog, ds: lance.LanceDataset) -> StoredUsage | None:
+def usable_projection(log: LanceTable, ds: lance.LanceDataset) -> StoredUsage | None:
     """The usage projection when it may serve the log at ``ds``'s version (the rows after it folded)."""
     if not lance_io.row_versions(ds):  # no row says when it was committed: no tail can be trusted
         return None
@@ -158,7 +158,7 @@ def usable_projection(log: CheckpointLog, ds: lance.LanceDataset) -> StoredUsage
     return stored
 
 
-def load(log: CheckpointLog, stored: StoredUsage, *, keys: bool) -> UsageAt | None:
+def load(log: LanceTable, stored: StoredUsage, *, keys: bool) -> UsageAt | None:
     """The sums (and with ``keys``, the keys) of ``stored``; None when it cannot be read."""
     table = _read(log, stored, [*GROUP_COLUMNS, *SUM_COLUMNS] + (["event_keys"] if keys else []))
     if table is None:
@@ -166,7 +166,7 @@ def load(log: CheckpointLog, stored: StoredUsage, *, keys: bool) -> UsageAt | No
     return UsageAt(stored.log_version, _sums_of(table), KeySet(tuple(_key_chunks(table))) if keys else None)
 
 
-def _read(log: CheckpointLog, stored: StoredUsage, columns: list[str]) -> pa.Table | None:
+def _read(log: LanceTable, stored: StoredUsage, columns: list[str]) -> pa.Table | None:
     try:
         return stored.dataset.to_table(columns=columns)
     except lance_io.LANCE_ERRORS as exc:  # e.g. its version removed by a maintenance meanwhile
@@ -191,7 +191,7 @@ def _key_chunks(table: pa.Table, column: str = "event_keys") -> list[np.ndarray]
     return [values[offsets[i] : offsets[i + 1]] for i in range(len(lists))]
 
 
-def write_usage_projection(log: CheckpointLog, ds: lance.LanceDataset, cleanup_older_than: dt.timedelta) -> int:
+def write_usage_projection(log: LanceTable, ds: lance.LanceDataset, cleanup_older_than: dt.timedelta) -> int:
     """Store the usage sums of the log at ``ds``'s version as its usage projection; returns its rows.
 
     From the stored projection plus the rows committed since when it is usable, else from the whole
@@ -256,11 +256,11 @@ def _list_array(chunks: list[np.ndarray]) -> pa.ListArray:
 # --- the rows after a base ------------------------------------------------------------------------
 
 
-def rows_after(log: CheckpointLog, ds: lance.LanceDataset, version: int | None) -> pa.Table:
+def rows_after(log: LanceTable, ds: lance.LanceDataset, version: int | None) -> pa.Table:
     """The rows of the log at ``ds`` that may carry usage, committed after ``version`` (all when None)."""
     columns = [*USAGE_COLUMNS, "event_key"]
     if version is None:
-        return log._scan_ds(ds, columns, USAGE_FILTER)
+        return log.scan_at(ds, columns, USAGE_FILTER)
     if version >= int(ds.version):  # nothing committed after it: no scan
         return _EMPTY_ROWS
     since = f"_row_created_at_version > {version}"
@@ -270,15 +270,15 @@ def rows_after(log: CheckpointLog, ds: lance.LanceDataset, version: int | None) 
     try:
         tail = ds.count_rows(filter=since)
     except lance_io.LANCE_ERRORS as exc:
-        raise log._translate(exc, "reading the log") from None
+        raise log.translate(exc, "reading the log") from None
     if tail > _TAIL_ROWS_READ_WHOLE:
-        return log._scan_ds(ds, columns, f"{since} AND {USAGE_FILTER}")
-    rows = log._scan_ds(ds, [*columns, "value_kind"], since)
+        return log.scan_at(ds, columns, f"{since} AND {USAGE_FILTER}")
+    rows = log.scan_at(ds, [*columns, "value_kind"], since)
     keep = pc.and_(pc.is_in(rows["event_type"], value_set=pa.array(USAGE_TYPES)), pc.is_valid(rows["value_kind"]))
     return rows.filter(keep).select(columns)
 
 
-def without_copies(log: CheckpointLog, ds: lance.LanceDataset, rows: pa.Table, base: UsageAt | None) -> pa.Table:
+def without_copies(log: LanceTable, ds: lance.LanceDataset, rows: pa.Table, base: UsageAt | None) -> pa.Table:
     """``rows`` (committed after ``base.version``) without the copies of rows ``base`` summed.
 
     A row whose key is in ``base.keys`` is a copy when its full ``event_id`` is in the log at or
@@ -296,8 +296,8 @@ def without_copies(log: CheckpointLog, ds: lance.LanceDataset, rows: pa.Table, b
     at_or_before = f"_row_created_at_version <= {base.version}"
     if len(ids) <= _MAX_LISTED_IDS:  # a few: the event_id index finds them
         listed = ", ".join("'" + i.replace("'", "''") + "'" for i in ids.to_pylist())
-        before = log._scan_ds(ds, ["event_id"], f"event_id IN ({listed}) AND {at_or_before}")
+        before = log.scan_at(ds, ["event_id"], f"event_id IN ({listed}) AND {at_or_before}")
     else:  # a large batch landed again: one scan of the ids of the usage rows
-        before = log._scan_ds(ds, ["event_id"], f"{USAGE_FILTER} AND {at_or_before}")
+        before = log.scan_at(ds, ["event_id"], f"{USAGE_FILTER} AND {at_or_before}")
     copies = pc.is_in(rows["event_id"], value_set=pc.unique(before["event_id"]))
     return rows.filter(pc.invert(copies))

@@ -14,7 +14,7 @@ import datetime as dt
 import hashlib
 import itertools
 import threading
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -43,8 +43,8 @@ from airflow_provider_datagen.exceptions import FencingError, InvalidEventError,
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+    from airflow_provider_datagen.core.fold import ItemState
     from airflow_provider_datagen.core.store.batch import StagedEvent
-    from airflow_provider_datagen.core.store.log import CheckpointLog
 
 MAX_EPOCH = (1 << 31) - 1
 _VALID_STEP_NAMES: set[str] = set()
@@ -83,6 +83,23 @@ _AIRFLOW_COLUMNS = {
 LAST_SEQ, FINGERPRINT, FIELD_MODES, MODES_OWNED = 0, 1, 2, 3
 
 
+class WriterLog(Protocol):
+    """What a writer needs of its log (:class:`~.log.CheckpointLog` is one, typed here, not imported).
+
+    The states of the items it has not seen (one query per commit), and the appends of the tables it builds.
+    """
+
+    blob_threshold: int
+
+    def item_states(self, item_ids: Iterable[str]) -> dict[str, ItemState]: ...
+
+    def append(self, table: pa.Table) -> None: ...
+
+    def append_pipelined(self, table: pa.Table, on_error: Callable[[BaseException], None]) -> None: ...
+
+    def wait_appends(self, *, close: bool = False) -> None: ...
+
+
 class Sequenced(NamedTuple):
     """A batch numbered and hashed: per item its new cursor, per event its columns."""
 
@@ -98,7 +115,7 @@ class LogWriter:
 
     def __init__(
         self,
-        log: CheckpointLog,
+        log: WriterLog,
         writer_id: str,
         epoch: int,
         *,
@@ -115,10 +132,10 @@ class LogWriter:
         self.processor_version = processor_version
         self.airflow = dict(airflow or {})
         #: per validated item id, its cursor (see LAST_SEQ); a batch reads this dict on every event
-        self._items: dict[str, Sequence[Any]] = {}
+        self.item_cursors: dict[str, Sequence[Any]] = {}
         self._shapes: dict[tuple[Any, ...], Shape] = {}
-        #: the shapes of TERMINAL by status, the one event every item ends with
-        self._terminal_shapes: dict[str, Shape] = {}
+        #: the shapes of TERMINAL by status, the one event every item ends with (batches fill it)
+        self.terminal_shapes: dict[str, Shape] = {}
         self.commits = 0
         self.events_written = 0
         #: the error of a pipelined append that failed after this writer had counted its batch as
@@ -135,16 +152,18 @@ class LogWriter:
     ) -> None:
         """Tell the writer what it would otherwise look up: saves a query per new item on hot paths."""
         item_id = exact(check_item_id(item_id))
-        self._items[item_id] = [last_seq, input_fingerprint, dict(field_modes) if field_modes else _NO_MODES, False]
+        self.item_cursors[item_id] = [
+            last_seq,
+            input_fingerprint,
+            dict(field_modes) if field_modes else _NO_MODES,
+            False,
+        ]
 
     def prime_new(self, item_ids: Iterable[str], last_seqs: Mapping[str, int]) -> None:
         """:meth:`prime` for item ids already validated (``prepare_items`` built them) with no history
         but their last sequence number."""
         get = last_seqs.get
-        self._items.update({iid: (get(iid, -1), None, _NO_MODES, False) for iid in item_ids})
-
-    def forget(self, item_id: str) -> None:
-        self._items.pop(item_id, None)
+        self.item_cursors.update({iid: (get(iid, -1), None, _NO_MODES, False) for iid in item_ids})
 
     def new_batch(self) -> Batch:
         """An empty batch of this writer, committed by :meth:`commit` (the runner's buffers)."""
@@ -225,7 +244,7 @@ class LogWriter:
                     f"writer {self.writer_id!r} at epoch {self.epoch} may not write item {iid!r}: epoch "
                     f"{st.max_epoch} already owns it. A newer attempt took over; stop this one."
                 )
-            self._items[iid] = [st.last_seq, st.input_fingerprint, dict(st.field_modes), False]
+            self.item_cursors[iid] = [st.last_seq, st.input_fingerprint, dict(st.field_modes), False]
 
     def commit(self, batch: Batch, *, wait: bool = True) -> int:
         """Validate, sequence and append a batch in one Lance commit; returns the events written.
@@ -247,7 +266,7 @@ class LogWriter:
         n = len(events)
         if not n:
             return 0
-        items = self._items
+        items = self.item_cursors
         sequenced = self._sequence(events, items)
         if sequenced is None:  # items this writer has not seen: one query for all of them
             unknown = dict.fromkeys([iid for iid, _, _, _, _ in events])
@@ -263,9 +282,9 @@ class LogWriter:
                 "(nothing of this batch was written)"
             ) from None
         if wait:
-            self.log._append(table)
+            self.log.append(table)
         else:
-            self.log._append_pipelined(table, self._lose)
+            self.log.append_pipelined(table, self._lose)
         items.update(sequenced.cursors)
         self.commits += 1
         self.events_written += n
@@ -276,7 +295,7 @@ class LogWriter:
 
     def sync(self) -> None:
         """Wait until every pipelined commit of this writer's log has landed; raise an append's error."""
-        self.log._wait_appends(close=True)
+        self.log.wait_appends(close=True)
 
     @staticmethod
     def _sequence(events: list[StagedEvent], items: dict[str, Any]) -> Sequenced | None:
@@ -440,12 +459,12 @@ _EXTRA_COLUMNS = (
 class Committer:
     """The one thread that runs a log's pipelined appends, one at a time (``commit(wait=False)``).
 
-    It calls ``log._append`` itself, so a read on the committer thread (an automatic maintenance
+    It calls the log's ``append`` itself, so a read on the committer thread (an automatic maintenance
     inside an append) must never wait for it: :meth:`on_thread` tells.
     """
 
-    def __init__(self, log: CheckpointLog) -> None:
-        self._log = log
+    def __init__(self, append: Callable[[pa.Table], None]) -> None:
+        self._append = append
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="datagen-commit")
         self._ident: int | None = None
         #: the append in flight, if any
@@ -458,7 +477,7 @@ class Committer:
     def _run(self, table: pa.Table, on_error: Callable[[BaseException], None]) -> None:
         self._ident = threading.get_ident()
         try:
-            self._log._append(table)
+            self._append(table)
         except BaseException as exc:
             on_error(exc)
             raise

@@ -30,13 +30,13 @@ TIMEOUT = 120
 
 def _recording(lg: CheckpointLog, written: list[str]) -> None:
     """Remember the event ids of every batch this process committed."""
-    append = lg._append
+    append = lg.append
 
     def record(table: pa.Table) -> None:
         append(table)
         written.extend(table["event_id"].to_pylist())
 
-    lg._append = record  # type: ignore[method-assign]
+    lg.append = record  # type: ignore[method-assign]
 
 
 def _workload(root: str, worker: int, barrier: Any, results: Any) -> None:

@@ -539,19 +539,19 @@ def test_the_same_batch_written_twice_folds_the_same(log: CheckpointLog) -> None
 
     # the very same Arrow table appended again
     captured: list[pa.Table] = []
-    real_append = log._append
+    real_append = log.append
 
     def capture(table: pa.Table) -> None:
         captured.append(table)
         real_append(table)
 
-    log._append = capture  # type: ignore[method-assign]
+    log.append = capture  # type: ignore[method-assign]
     again = log.writer("w3", 1)
     with again.batch() as b:
         b.item_created("6", input_fingerprint="f")
         b.terminal("6")
-    log._append(captured[0])
-    log._append(captured[0])
+    log.append(captured[0])
+    log.append(captured[0])
     assert log.stats()["events"] == 16
     assert distinct_events(log) == 7
     assert len(log.events("6")) == 2
@@ -730,7 +730,7 @@ def _rows_v(version: int, tmp_path: Path) -> pa.Table:
     """A valid batch as the writer builds it, with its schema_version column set to ``version``."""
     scratch = CheckpointLog.open(tmp_path / "scratch", pipeline="qa", experiment="s")
     captured: list[pa.Table] = []
-    scratch._append = captured.append  # type: ignore[method-assign]
+    scratch.append = captured.append  # type: ignore[method-assign]
     with scratch.writer("w", 1).batch() as b:
         b.item_created("5", input_fingerprint="f")
         b.terminal("5")

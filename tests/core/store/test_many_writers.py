@@ -62,14 +62,14 @@ def _writer(root: str, writer: int, barrier: Any, results: Any) -> None:
     out: dict[str, Any] = {"role": f"writer-{writer}", "errors": [], "rows": 0, "commits": 0}
     try:
         lg = CheckpointLog.open(root, pipeline=PIPELINE, experiment=EXPERIMENT)
-        append = lg._append
+        append = lg.append
 
         def counted(table: Any) -> None:
             append(table)
             out["rows"] += table.num_rows
             out["commits"] += 1
 
-        lg._append = counted  # type: ignore[method-assign]
+        lg.append = counted  # type: ignore[method-assign]
         barrier.wait(JOIN_TIMEOUT)
         report = run_items(
             lg,

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_datagen.core import CheckpointLog
+from airflow_provider_datagen.core.store.table import LanceTable
 from tests._support.engine import open_log, raw_events, write_events
 
 if TYPE_CHECKING:
@@ -51,24 +52,24 @@ class ScanCount:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rows = 0
         self.calls = 0
-        original = CheckpointLog._scan_ds
+        original = LanceTable.scan_at
 
-        def scan(log: CheckpointLog, ds: Any, columns: Any, filter: Any) -> pa.Table:
+        def scan(log: LanceTable, ds: Any, columns: Any, filter: Any) -> pa.Table:
             table = original(log, ds, columns, filter)
             self.calls += 1
             self.rows += table.num_rows
             return table
 
-        monkeypatch.setattr(CheckpointLog, "_scan_ds", scan)
-        streamed = CheckpointLog._batches
+        monkeypatch.setattr(LanceTable, "scan_at", scan)
+        streamed = LanceTable.batches
 
-        def batches(log: CheckpointLog, ds: Any, columns: Any, **kw: Any) -> Any:
+        def batches(log: LanceTable, ds: Any, columns: Any, **kw: Any) -> Any:
             self.calls += 1
             for batch in streamed(log, ds, columns, **kw):
                 self.rows += batch.num_rows
                 yield batch
 
-        monkeypatch.setattr(CheckpointLog, "_batches", batches)
+        monkeypatch.setattr(LanceTable, "batches", batches)
 
 
 def test_an_unchanged_log_is_not_folded_again(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +121,7 @@ def test_a_log_written_again_is_folded_from_scratch(tmp_path: Any) -> None:
     other = open_log(tmp_path, "again")
     _write(other, "w", [("create", n) for n in range(5)])
     _write(other, "w", [("fail", n) for n in range(5)])
-    log._ds = None  # as a new process would: the version numbers are the same as before
+    log.table.close()  # as a new process would: the version numbers are the same as before
     assert _sorted(log.states()) == _fresh_states(other)
     assert {r["status"] for r in log.states().to_pylist()} == {"running"}
 
@@ -162,7 +163,7 @@ def test_a_dataset_without_stable_row_ids_is_always_folded_whole(tmp_path: Any) 
     src = open_log(tmp_path, "src")
     _write(src, "w", [("create", n) for n in range(5)])
     log = write_events(raw_events(src), tmp_path, "foreign")
-    assert not log._dataset().has_stable_row_ids
+    assert not log.table.dataset().has_stable_row_ids
     assert {r["status"] for r in log.states().to_pylist()} == {"running"}
     _write(log, "w", [("done", n) for n in range(5)])
     assert {r["status"] for r in log.states().to_pylist()} == {"completed"}
@@ -173,7 +174,7 @@ def test_a_log_told_not_to_remember_folds_keeps_none(tmp_path: Any, monkeypatch:
     log = CheckpointLog.open(tmp_path, pipeline="p", experiment="forget", remember_fold=False)
     _write(log, "w", [(op, n) for n in range(20) for op in ("create", "done")])
     first = log.states()
-    assert log._memo is None
+    assert log.fold_memo is None
     count = ScanCount(monkeypatch)
     assert log.states().equals(first)
     assert count.calls > 0  # folded again
@@ -187,7 +188,7 @@ def test_the_ui_reader_holds_no_fold_in_its_open_logs(tmp_path: Any) -> None:
     reader = Reader(str(tmp_path))
     prepared = reader.prepared(log.pipeline, "shown")
     assert prepared.summary["completed"] == 20
-    assert reader.log(log.pipeline, "shown")._memo is None  # the bounded cache holds the fold
+    assert reader.log(log.pipeline, "shown").fold_memo is None  # the bounded cache holds the fold
 
 
 def test_a_planner_stores_its_fold_when_it_covers_many_new_events(

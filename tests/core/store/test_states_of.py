@@ -117,7 +117,7 @@ def test_a_chunk_read_scans_only_its_own_items_events(tmp_path: Any, monkeypatch
     }
     # every event of these three items (on both sides of the maintenance), and no other row
     assert count.rows == sum(len(open_log(tmp_path, "cost").events(i)) for i in ("3", "5", "210"))
-    assert fresh._memo is None  # nothing of the whole log is folded or remembered
+    assert fresh.fold_memo is None  # nothing of the whole log is folded or remembered
 
 
 def test_many_ids_are_taken_from_the_whole_fold(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +127,7 @@ def test_many_ids_are_taken_from_the_whole_fold(tmp_path: Any, monkeypatch: pyte
     ids = [str(i) for i in range(0, 30, 2)]
     fresh = open_log(tmp_path, "many")
     assert _sorted(fresh.states_of(ids)) == _rows_for(log.states(), ids)
-    assert fresh._memo is not None  # the whole fold, remembered as states() does
+    assert fresh.fold_memo is not None  # the whole fold, remembered as states() does
 
 
 def test_an_empty_log_or_no_ids_give_no_rows(tmp_path: Any) -> None:

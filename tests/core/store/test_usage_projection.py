@@ -25,6 +25,7 @@ from airflow_provider_datagen.core.fold.usage import spend_of_sums, sums_of_even
 from airflow_provider_datagen.core.schema import EVENT_SCHEMA
 from airflow_provider_datagen.core.store import usage_projection
 from airflow_provider_datagen.core.store.paths import usage_projection_uri
+from airflow_provider_datagen.core.store.table import LanceTable
 from tests._support.engine import open_log, raw_events
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def _write(log: CheckpointLog, writer_id: str, ops: list[tuple[str, int, int]], 
 def _land_again(log: CheckpointLog, rows: pa.Table) -> None:
     """``rows`` appended again: a batch retried after it landed (the same event ids)."""
     again = rows.append_column(EVENT_SCHEMA.field("value_blob"), pa.nulls(rows.num_rows, pa.large_binary()))
-    log._append(again.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))
+    log.append(again.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))
 
 
 def _expected(log: CheckpointLog) -> dict[str, Any]:
@@ -128,14 +129,14 @@ def test_the_usage_projection_never_changes_an_answer(tmp_path_factory: pytest.T
 
 def _scanned_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     counts: list[int] = []
-    original = CheckpointLog._scan_ds
+    original = LanceTable.scan_at
 
-    def scan(log: CheckpointLog, ds: Any, columns: Any, filter: Any) -> pa.Table:
+    def scan(log: LanceTable, ds: Any, columns: Any, filter: Any) -> pa.Table:
         table = original(log, ds, columns, filter)
         counts.append(table.num_rows)
         return table
 
-    monkeypatch.setattr(CheckpointLog, "_scan_ds", scan)
+    monkeypatch.setattr(LanceTable, "scan_at", scan)
     return counts
 
 
@@ -186,12 +187,12 @@ def test_a_projection_written_while_another_process_appends_gives_exact_totals(t
     created: set[int] = set()
     _write(log, "w1", [("done", n, n) for n in range(10)], created)
     log.maintain()
-    ds = log._dataset()  # the version the maintenance folds
+    ds = log.table.dataset()  # the version the maintenance folds
     assert ds is not None
     other = open_log(tmp_path, "race")  # another process: appends new usage and a copy of old rows
     _write(other, "w2", [("done", 20, 3), ("failed", 21, 4)], set())
     _land_again(other, raw_events(other).slice(0, 5))
-    assert usage_projection.write_usage_projection(log, ds, dt.timedelta(hours=1)) > 0
+    assert usage_projection.write_usage_projection(log.table, ds, dt.timedelta(hours=1)) > 0
     assert usage_projection.open_usage_projection(log).log_version == int(ds.version)  # type: ignore[union-attr]
     assert open_log(tmp_path, "race").usage() == _expected(log)
     _check(log, "race")

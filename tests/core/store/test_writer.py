@@ -30,7 +30,7 @@ def _process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
 
 
 class AppendSpy:
-    """Wraps ``CheckpointLog._append``: records the thread of each append and can hold or fail one."""
+    """Wraps ``CheckpointLog.append``: records the thread of each append and can hold or fail one."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.threads: list[str] = []
@@ -39,7 +39,7 @@ class AppendSpy:
         self.released_in_time: list[bool] = []
         self.slow = 0.0
         self.landed = 0
-        original = CheckpointLog._append
+        original = CheckpointLog.append
 
         def append(log: CheckpointLog, table: Any) -> None:
             n = len(self.threads)
@@ -53,7 +53,7 @@ class AppendSpy:
             original(log, table)
             self.landed += 1
 
-        monkeypatch.setattr(CheckpointLog, "_append", append)
+        monkeypatch.setattr(CheckpointLog, "append", append)
 
 
 def test_default_group_commit_appends_on_the_committer_thread(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,5 +226,5 @@ def test_auto_maintenance_inside_a_pipelined_append_does_not_deadlock(tmp_path: 
     assert not t.is_alive(), "run_items hung: the committer waited for itself"
     assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
     assert outcome[0].commits > 32
-    assert len(log._dataset().get_fragments()) < outcome[0].commits  # maintenance compacted
+    assert len(log.table.dataset().get_fragments()) < outcome[0].commits  # maintenance compacted
     assert set(statuses(log).values()) == {"completed"}

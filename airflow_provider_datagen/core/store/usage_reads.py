@@ -31,7 +31,6 @@ from airflow_provider_datagen.core.fold.usage import (
     usage_of_events,
     usage_of_sums,
 )
-from airflow_provider_datagen.core.ids import parent_of
 from airflow_provider_datagen.core.store import lance_io, usage_projection
 from airflow_provider_datagen.core.store.paths import budget_uri
 from airflow_provider_datagen.core.store.usage_projection import KeySet, UsageAt
@@ -39,7 +38,8 @@ from airflow_provider_datagen.core.store.usage_projection import KeySet, UsageAt
 if TYPE_CHECKING:
     import lance
 
-    from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.events import Event
+    from airflow_provider_datagen.core.store.table import LanceTable
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +67,7 @@ class UsageMemo:
     keys: KeySet
 
 
-def _memo_base(log: CheckpointLog, ds: lance.LanceDataset) -> UsageAt | None:
-    memo: UsageMemo | None = log._usage_memo
+def _memo_base(memo: UsageMemo | None, log: LanceTable, ds: lance.LanceDataset) -> UsageAt | None:
     if (
         memo is None
         or memo.token is None
@@ -80,57 +79,59 @@ def _memo_base(log: CheckpointLog, ds: lance.LanceDataset) -> UsageAt | None:
     return UsageAt(memo.version, memo.sums, memo.keys)
 
 
-def _sums(log: CheckpointLog) -> Sums:
-    """The log's usage sums per writer: this object's last read, else the usage projection, plus the
-    rows committed since; the whole log when neither is usable."""
-    ds = log._dataset()
+def sums(log: LanceTable, memo: UsageMemo | None, *, remember: bool) -> tuple[Sums, UsageMemo | None]:
+    """The log's usage sums per writer, and the memo to keep (``memo`` itself unless ``remember``).
+
+    From ``memo`` (the log object's last read), else the usage projection, plus the rows committed
+    since; the whole log when neither is usable.
+    """
+    ds = log.dataset()
     if ds is None:
-        return {}
+        return {}, memo
     version = int(ds.version)
-    base = _memo_base(log, ds)
+    base = _memo_base(memo, log, ds)
     if base is not None and base.version == version:
-        return base.sums
+        return base.sums, memo
     if base is None and (stored := usage_projection.usable_projection(log, ds)) is not None:
         rows = usage_projection.rows_after(log, ds, stored.log_version)
         # the keys only matter for copies among the rows after it, or for a memo to keep
-        base = usage_projection.load(log, stored, keys=log.remember_fold or rows.num_rows > 0)
+        base = usage_projection.load(log, stored, keys=remember or rows.num_rows > 0)
         if base is None:
             rows = usage_projection.rows_after(log, ds, None)
     else:
         rows = usage_projection.rows_after(log, ds, None if base is None else base.version)
     entries = entries_of_table(usage_projection.without_copies(log, ds, rows, base))
-    sums = sums_of_entries(entries)
+    summed = sums_of_entries(entries)
     if base is not None:
-        sums = add_sums({k: list(v) for k, v in base.sums.items()}, sums)
-    if log.remember_fold:
+        summed = add_sums({k: list(v) for k, v in base.sums.items()}, summed)
+    if remember:
         known = base.keys if base is not None and base.keys is not None else KeySet()
         token = lance_io.version_token(log.uri, version, ds)
-        log._usage_memo = UsageMemo(version, token, sums, known.plus(entries["event_key"].to_numpy()))
-    return sums
+        memo = UsageMemo(version, token, summed, known.plus(entries["event_key"].to_numpy()))
+    return summed, memo
 
 
-def usage(log: CheckpointLog) -> dict[str, Any]:
-    """``CheckpointLog.usage()``."""
-    return usage_of_sums(_sums(log))
+def usage(summed: Sums) -> dict[str, Any]:
+    """``CheckpointLog.usage()`` of ``summed``."""
+    return usage_of_sums(summed)
 
 
-def spend(log: CheckpointLog, exclude_writer: tuple[str, int] | None) -> tuple[int, int]:
-    """(nano-dollars, tokens) the log holds, without what ``exclude_writer`` wrote at its epoch."""
-    return spend_of_sums(_sums(log), exclude_writer=exclude_writer)
+def spend(summed: Sums, exclude_writer: tuple[str, int] | None) -> tuple[int, int]:
+    """(nano-dollars, tokens) in ``summed``, without what ``exclude_writer`` wrote at its epoch."""
+    return spend_of_sums(summed, exclude_writer=exclude_writer)
 
 
-def item_usage(log: CheckpointLog, item_id: str) -> dict[str, Any]:
-    """``CheckpointLog.item_usage()``: a root item's usage (its fan-out children's included) by attempt."""
-    events = log.subtree(item_id) if parent_of(item_id) is None else log.events(item_id)
+def item_usage(events: list[Event]) -> dict[str, Any]:
+    """``CheckpointLog.item_usage()`` of an item's ``events`` (a root's fan-out children's included), by attempt."""
     out = usage_of_events(events)
     out["attempts"] = attempts_of_events(events)
     return out
 
 
-def budget(log: CheckpointLog) -> dict[str, Any]:
+def budget(log: LanceTable) -> dict[str, Any]:
     """``CheckpointLog.budget()``: the budget the last plan or map task set, or None for each part."""
     uri = budget_uri(log.uri)
-    if not lance_io._dataset_exists(uri, log.storage_options):
+    if not lance_io.dataset_exists(uri, log.storage_options):
         return dict(NO_BUDGET)
     try:
         row = lance_io.open_dataset(uri, log.storage_options).to_table().to_pylist()
@@ -141,7 +142,7 @@ def budget(log: CheckpointLog) -> dict[str, Any]:
     return {"budget_usd": row[-1]["budget_usd"], "budget_tokens": row[-1]["budget_tokens"]}
 
 
-def set_budget(log: CheckpointLog, budget_usd: float | None, budget_tokens: int | None) -> bool:
+def set_budget(log: LanceTable, budget_usd: float | None, budget_tokens: int | None, experiment: str) -> bool:
     """Record the experiment's budget when it differs from the recorded one; returns whether it wrote.
 
     A task without a budget clears a recorded one (the UI must not show a limit nobody applies); one
@@ -166,5 +167,5 @@ def set_budget(log: CheckpointLog, budget_usd: float | None, budget_tokens: int 
         table, uri, log.storage_options, "recording the budget", settled=lambda: budget(log) == wanted
     ):
         return False
-    logger.info("experiment %s/%s: budget set to %s", log.pipeline, log.experiment, budget_usd or budget_tokens)
+    logger.info("experiment %s: budget set to %s", experiment, budget_usd or budget_tokens)
     return True
