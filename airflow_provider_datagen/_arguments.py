@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from airflow_provider_datagen.core.uri import has_scheme
 from airflow_provider_datagen.exceptions import DatagenError, bad_argument
 
 
@@ -23,7 +24,7 @@ def check_absolute_path(owner: object, param: str, value: Any) -> Any:
     templates and non-path values pass unchanged (other checks own those)."""
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
-    if isinstance(value, str) and not is_template(value) and "://" not in value and not os.path.isabs(value):
+    if isinstance(value, str) and not is_template(value) and not has_scheme(value) and not os.path.isabs(value):
         raise bad_argument(
             owner,
             param,

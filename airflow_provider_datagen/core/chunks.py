@@ -44,6 +44,7 @@ from airflow_provider_datagen.core.source_scan import (
 from airflow_provider_datagen.core.sources import SourceItem, load_source, prepare_items, read_source, source_path
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.core.store.source_ref import INLINE, PATH, SourceRef, record_source, strip_credentials
+from airflow_provider_datagen.core.uri import has_scheme
 from airflow_provider_datagen.exceptions import ConfigurationError, InvalidItemError
 
 if TYPE_CHECKING:
@@ -298,7 +299,7 @@ def _plan_path_chunks(
     (:mod:`.partitioned_plan`), so its memory does not grow with the source or the log.
     """
     path = source_path(source)  # the checks (absolute, existing, a known format) read_source makes
-    ref = path if "://" in path else os.path.abspath(path)
+    ref = path if has_scheme(path) else os.path.abspath(path)
     # the log was opened with the datagen connection's storage options: the source is read with them too
     options = log.storage_options
     batches = scan_batches(ref, key_field, options)

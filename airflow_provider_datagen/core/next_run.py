@@ -48,6 +48,7 @@ from airflow_provider_datagen.core.store.source_ref import (
     lance_rows_by_key,
     open_lance_source,
 )
+from airflow_provider_datagen.core.uri import has_scheme
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 if TYPE_CHECKING:
@@ -247,7 +248,7 @@ def _jsonl_rows(
 
 def _lines(uri: str, storage_options: dict[str, str] | None) -> Iterator[bytes]:
     with open_input_file(uri, storage_options) as fh:
-        if "://" not in uri:
+        if not has_scheme(uri):
             yield from fh
             return
         buf = b""

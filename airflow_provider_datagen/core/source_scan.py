@@ -23,6 +23,7 @@ from airflow_provider_datagen.core.ids import key_of
 from airflow_provider_datagen.core.sources import SourceItem, fingerprint_batch, fingerprint_rows, prepare_items
 from airflow_provider_datagen.core.store.lance_io import lance_source_batches, lance_source_count, lance_source_rows
 from airflow_provider_datagen.core.store.paths import file_size, open_input_file
+from airflow_provider_datagen.core.uri import has_scheme
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ def _plain_type(kind: pa.DataType) -> bool:
 
 
 def _parquet_file(path: str, storage_options: dict[str, str] | None) -> pq.ParquetFile:
-    if "://" not in path:
+    if not has_scheme(path):
         return pq.ParquetFile(path)  # Arrow's own local file: no Python file object in the reads
     return pq.ParquetFile(open_input_file(path, storage_options))
 
@@ -288,7 +289,7 @@ def row_ranges(positions: np.ndarray, offsets: np.ndarray | None) -> list[list[i
 def read_rows(path: str, ranges: list[list[int]], storage_options: dict[str, str] | None = None) -> list[Any]:
     """The rows of a path source in these ranges (see :func:`row_ranges`), in position order."""
     kind = source_format(path)
-    if "://" not in path and not os.path.exists(path):
+    if not has_scheme(path) and not os.path.exists(path):
         raise InvalidItemError(f"source {path!r} does not exist; check the path")
     if kind == JSONL:
         out: list[Any] = []

@@ -33,6 +33,7 @@ from airflow_provider_datagen.core.events import (
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.core.store.paths import open_input_file
+from airflow_provider_datagen.core.uri import has_scheme
 from airflow_provider_datagen.exceptions import InvalidItemError, bad_argument
 
 
@@ -384,7 +385,7 @@ def source_path(source: Any) -> str:
         )
     path = os.fspath(source)
     lower = path.rstrip("/").lower()
-    local = "://" not in path
+    local = not has_scheme(path)
     if local and not os.path.isabs(path):
         # Each Airflow component runs in its own working directory: the rule the export's destination
         # and the connection's root follow.
@@ -425,7 +426,7 @@ def read_source(source: Any, *, storage_options: dict[str, str] | None = None) -
                     except json.JSONDecodeError as exc:
                         raise InvalidItemError(f"source {path!r} line {n} is not JSON: {exc}") from None
     elif lower.endswith(".parquet"):
-        if "://" not in path:
+        if not has_scheme(path):
             yield from _table_rows(pq.read_table(path))
         else:
             with open_input_file(path, storage_options) as fh:

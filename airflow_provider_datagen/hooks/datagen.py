@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_provider_datagen.core.uri import scheme_of
 from airflow_provider_datagen.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -229,7 +230,7 @@ class DatagenHook(BaseHook):
         if not isinstance(raw, str):
             raise self._config_error(f"its extra 'rate_limit_storage' is a {type(raw).__name__}, not a string", fix)
         uri = raw.strip()
-        scheme = uri.partition("://")[0].lower() if "://" in uri else None
+        scheme = scheme_of(uri)
         # memory:// would be private to each process: a connection's storage is for sharing.
         if scheme not in REDIS_SCHEMES:
             raise self._config_error(

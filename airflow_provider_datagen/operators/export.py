@@ -13,6 +13,7 @@ from airflow_provider_datagen._arguments import (
     check_non_empty_str,
     is_template,
 )
+from airflow_provider_datagen.core.uri import has_scheme
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import DatagenBaseOperator, folded_status
 
@@ -157,6 +158,6 @@ class DatagenExportOperator(DatagenBaseOperator):
 
 def asset_uri(destination: str) -> str:
     """The Asset URI of an export destination (``file://`` for local paths)."""
-    if "://" in destination:
+    if has_scheme(destination):
         return destination
     return "file://" + os.path.abspath(destination)

@@ -30,6 +30,7 @@ from limits.strategies import MovingWindowRateLimiter
 from airflow_provider_datagen.core.ratelimit.spec import RateLimit, check_seconds
 from airflow_provider_datagen.core.ratelimit.sqlite import SQLiteStorage
 from airflow_provider_datagen.core.store.paths import CHECKPOINTS_DIR, is_local, local_path
+from airflow_provider_datagen.core.uri import scheme_of
 from airflow_provider_datagen.exceptions import bad_argument
 
 if TYPE_CHECKING:
@@ -411,7 +412,7 @@ def open_limiter(
 
 def check_storage_uri(owner: object, param: str, uri: Any) -> str:
     """The scheme of a usable storage URI (``redis://host:port/db`` and its kin)."""
-    scheme = uri.partition("://")[0].lower() if isinstance(uri, str) and "://" in uri else None
+    scheme = scheme_of(uri)
     if scheme not in STORAGE_SCHEMES:
         raise bad_argument(
             owner,
