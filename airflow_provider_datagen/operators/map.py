@@ -297,7 +297,9 @@ class DatagenMapOperator(DatagenBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         # Deferred: core imports Lance, which DAG parsing must not pay for.
-        from airflow_provider_datagen.core import RateLimit, RetryPolicy, run_items
+        from airflow_provider_datagen.core import RateLimit, RetryPolicy
+        from airflow_provider_datagen.core.runner.config import RunConfig
+        from airflow_provider_datagen.core.runner.run import run_configured
 
         process = resolve_process(self.process)
         event_log = self.get_log()
@@ -322,10 +324,9 @@ class DatagenMapOperator(DatagenBaseOperator):
         writer_id = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{map_index}"
         epoch = event_log.next_epoch()
         self.log.info("writer %s epoch %d (try %d): %d items in this chunk", writer_id, epoch, try_number, len(items))
-        report = run_items(
-            event_log,
-            items,
-            process,
+        # run_items's configuration, checked once with this operator named in its errors
+        config = RunConfig(
+            owner=self,
             key_field=key_field,
             processor_version=processor_version,
             writer_id=writer_id,
@@ -345,6 +346,7 @@ class DatagenMapOperator(DatagenBaseOperator):
             budget_tokens=self.budget_tokens,
             max_repeated_failures=self.max_repeated_failures,
         )
+        report = run_configured(event_log, items, process, config)
         result = report.as_dict()
         self.log.info("chunk done: %s (%d commits, %d events)", result, report.commits, report.events)
         self.push_status(context, folded_status(event_log))
