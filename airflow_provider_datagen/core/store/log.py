@@ -464,9 +464,11 @@ class CheckpointLog:
             self.table, self._memo, min_new_events=min_new_events, cleanup_older_than=cleanup_older_than
         )
 
-    def _projection_version(self) -> int:
+    def projection_version(self) -> int:
         """The log version the state projection folds; 0 when there is none it could be read as."""
         return projection.projection_version(self.table)
+
+    _projection_version = projection_version  # the name older tests and the benchmarks call
 
     def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
         """The ``datagen_status`` dict of this log (see :func:`~airflow_provider_datagen.core.status.summarize`).

@@ -87,7 +87,7 @@ def test_a_new_reader_of_a_log_behind_its_projection_is_refused(tmp_path: Path) 
     log = open_log(tmp_path, "behind")
     _write(log, "a", 3)
     log.maintain()  # the state projection records the log's version
-    folded = log._projection_version()
+    folded = log.projection_version()
     assert folded == log.version
     # roll the log back behind the projection: every manifest from the one it folds on
     for version in range(folded, log.version + 1):

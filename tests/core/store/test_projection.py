@@ -204,10 +204,10 @@ def test_a_planner_stores_its_fold_when_it_covers_many_new_events(
     source = [{"id": f"i{n}"} for n in range(320)]
     _write(log, "w", [(op, n) for n in range(100) for op in ("create", "done")])  # 200 events: too few
     plan_chunks(log, source)
-    assert log._projection_version() == 0
+    assert log.projection_version() == 0
     _write(log, "w", [(op, n) for n in range(100, 300) for op in ("create", "field", "done")])
     plan_chunks(log, source)  # 800 events the (absent) projection does not cover
-    stored = log._projection_version()
+    stored = log.projection_version()
     assert stored == log.version
     count = ScanCount(monkeypatch)
     fresh = open_log(tmp_path, "planned")  # a mapped task: reads the projection, scans no event
@@ -215,7 +215,7 @@ def test_a_planner_stores_its_fold_when_it_covers_many_new_events(
     assert count.rows == 0
     _write(log, "w", [("create", 300), ("done", 300)])
     plan_chunks(log, source)  # 2 new events: the stored fold is close enough
-    assert log._projection_version() == stored
+    assert log.projection_version() == stored
     count.rows = 0
     assert _sorted(open_log(tmp_path, "planned").states()) == _sorted(fold_table(light_events(log)))
     assert 0 < count.rows < 10  # the item with new events, re-folded from all of its own

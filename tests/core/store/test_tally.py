@@ -55,7 +55,7 @@ def test_the_counted_status_is_the_folded_one(tmp_path_factory: pytest.TempPathF
         status, counted = _counted(root, "t")
         assert list(status) == list(STATUS_KEYS)
         assert status == _folded(root, "t"), ops
-        if log._projection_version():  # every projection written here carries its tally
+        if log.projection_version():  # every projection written here carries its tally
             assert counted is not None, ops
 
 
