@@ -198,9 +198,14 @@ class CheckpointLog:
     # --- appends --------------------------------------------------------------------------------
 
     @property
-    def _inflight(self) -> concurrent.futures.Future[None] | None:
+    def inflight(self) -> concurrent.futures.Future[None] | None:
         """The pipelined append in flight, if any."""
         return None if self._committer is None else self._committer.inflight
+
+    @property
+    def committer(self) -> Committer | None:
+        """The thread of pipelined appends; None while none runs (an idle log holds none)."""
+        return self._committer
 
     def append(self, table: pa.Table) -> None:
         """Commit ``table``, a batch's event rows as :class:`LogWriter` builds them, as one durable append.

@@ -61,7 +61,7 @@ def test_default_group_commit_appends_on_the_committer_thread(tmp_path: Any, mon
     log = open_log(tmp_path, "pipelined")
     run_items(log, make_items(N), _process)
     assert spy.threads and all(t.startswith("datagen-commit") for t in spy.threads), spy.threads
-    assert log._inflight is None and log._committer is None  # nothing in flight, no thread left
+    assert log.inflight is None and log.committer is None  # nothing in flight, no thread left
     assert set(statuses(log).values()) == {"completed"}
 
 
@@ -110,12 +110,12 @@ def test_a_read_waits_for_the_append_in_flight(tmp_path: Any, monkeypatch: pytes
     b2 = Batch(w)
     b2.terminal("a")
     w.commit(b2, wait=False)
-    assert log._inflight is not None
+    assert log.inflight is not None
     threading.Timer(0.2, release.set).start()
     assert log.item_state("a").status.value == "completed"  # waited for the pipelined TERMINAL
     assert spy.released_in_time == [True]
     w.sync()
-    assert log._committer is None
+    assert log.committer is None
 
 
 def test_a_failed_pipelined_append_poisons_the_writer(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +149,7 @@ def test_validation_errors_still_raise_before_any_write(tmp_path: Any, monkeypat
     bad.field_append("a", "x", 2)  # a set field cannot take an append
     with pytest.raises(InvalidEventError):
         w.commit(bad, wait=False)
-    assert len(spy.threads) == 2 and log._inflight is None
+    assert len(spy.threads) == 2 and log.inflight is None
     ok = Batch(w)
     ok.terminal("a")
     w.commit(ok, wait=False)
@@ -168,7 +168,7 @@ def test_a_failed_append_fails_the_run_and_the_rerun_equals_a_clean_run(
     log = open_log(tmp_path, "failing")
     with pytest.raises(LogWriteError, match="injected"):
         run_items(log, items, _process, checkpoint_interval=0.0)
-    assert log._inflight is None
+    assert log.inflight is None
     landed = sum(v == "completed" for v in statuses(log).values())
     assert landed < N
     monkeypatch.undo()
@@ -195,14 +195,14 @@ def test_a_run_ended_by_reraise_leaves_no_append_in_flight(tmp_path: Any, monkey
     def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
         seen.append(ctx.item_id)
         if len(seen) == 20:
-            assert log._inflight is not None and not log._inflight.done()
+            assert log.inflight is not None and not log.inflight.done()
             raise Stop
         return flat_output(item)
 
     log = open_log(tmp_path, "reraise")
     with pytest.raises(Stop):
         run_items(log, make_items(N), process, checkpoint_interval=0.0, reraise=(Stop,))
-    assert log._inflight is None and log._committer is None
+    assert log.inflight is None and log.committer is None
     assert spy.landed == len(spy.threads)  # the append in flight finished before run_items raised
     done = {i for i, v in statuses(log).items() if v == "completed"}
     assert done == set(seen[:19])  # interval 0: every finished item was acknowledged, and landed
