@@ -151,7 +151,7 @@ def bench_usage(tmp: Path, quick: bool) -> dict[str, Any]:
     ds = log._dataset()
     shutil.rmtree(usage_projection_uri(log.uri))
     t = time.perf_counter()
-    usage_projection.write_usage_projection(log, ds, dt.timedelta(hours=1))
+    usage_projection.write_usage_projection(log.table, ds, dt.timedelta(hours=1))
     row["usage_projection_write_s_from_scratch"] = time.perf_counter() - t
     assert log.usage() == usage
     # after maintain(), each read in a fresh process (no memo): the projection plus an empty tail

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_provider_datagen.core import fold_table, plan_resume, prepare_items, run_items
 from airflow_provider_datagen.core.planner import classify
-from airflow_provider_datagen.core.store import log as log_module
+from airflow_provider_datagen.core.store import table as table_module
 from airflow_provider_datagen.exceptions import LogCorruptedError
 from tests._support.engine import light_events, make_items, open_log
 
@@ -47,16 +47,16 @@ def test_a_fold_in_small_batches_equals_the_fold_of_the_whole_table(
 ) -> None:
     log, items = _log_with_history(tmp_path)
     whole = fold_table(light_events(log)).sort_by("item_id")
-    monkeypatch.setattr(log_module, "_SCAN_BATCH_ROWS", rows)
+    monkeypatch.setattr(table_module, "_SCAN_BATCH_ROWS", rows)
     seen: list[int] = []
-    streamed = log_module.CheckpointLog._batches
+    streamed = table_module.LanceTable.batches
 
     def batches(self: CheckpointLog, ds: Any, columns: Any, **kw: Any) -> Any:
         for batch in streamed(self, ds, columns, **kw):
             seen.append(batch.num_rows)
             yield batch
 
-    monkeypatch.setattr(log_module.CheckpointLog, "_batches", batches)
+    monkeypatch.setattr(table_module.LanceTable, "batches", batches)
     fresh = open_log(tmp_path, "streamed")
     assert fresh.states().sort_by("item_id").equals(whole)
     assert max(seen) <= rows and len(seen) > 2  # it really was read in batches
@@ -67,13 +67,13 @@ def test_a_fold_in_small_batches_equals_the_fold_of_the_whole_table(
 
 def test_scans_of_one_version_that_disagree_are_a_corrupted_log(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     _log_with_history(tmp_path)
-    monkeypatch.setattr(log_module, "_SCAN_BATCH_ROWS", 16)
-    streamed = log_module.CheckpointLog._batches
+    monkeypatch.setattr(table_module, "_SCAN_BATCH_ROWS", 16)
+    streamed = table_module.LanceTable.batches
 
     def short_other_stream(self: CheckpointLog, ds: Any, columns: Any, **kw: Any) -> Any:
         parts = list(streamed(self, ds, columns, **kw))
         return iter(parts if "item_id" in columns else parts[:-1])
 
-    monkeypatch.setattr(log_module.CheckpointLog, "_batches", short_other_stream)
+    monkeypatch.setattr(table_module.LanceTable, "batches", short_other_stream)
     with pytest.raises(LogCorruptedError, match=r"two scans of version \d+ differ"):
         open_log(tmp_path, "streamed").states()
