@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_datagen.core.ids import check_name
+from airflow_provider_datagen.core.uri import has_scheme, is_local, local_path
 from airflow_provider_datagen.exceptions import DatagenError, InvalidItemError
 
 CHECKPOINTS_DIR = "datagen_checkpoints"
@@ -32,16 +33,6 @@ EPOCH_FILE = ".epoch"
 EPOCH_LEASE_OBJECT = ".epoch.lease"
 #: The highest log version a run ended at (core/store/version_mark.py): a rollback is refused by a new reader.
 VERSION_MARK_FILE = ".version"
-
-
-def is_local(uri: str) -> bool:
-    """Whether ``uri`` is a local path (plain or ``file://``) rather than an object-store URI."""
-    return "://" not in uri or uri.startswith("file://")
-
-
-def local_path(uri: str) -> str:
-    """The filesystem path of a local ``uri``."""
-    return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
 def log_uri(root: str, pipeline: str, experiment: str) -> str:
@@ -159,7 +150,7 @@ def object_store_fs(root: str, storage_options: dict[str, str]) -> tuple[Any, st
             if arg is not None:
                 kwargs[arg] = value
         endpoint = kwargs.get("endpoint_override")
-        if isinstance(endpoint, str) and "://" in endpoint:
+        if isinstance(endpoint, str) and has_scheme(endpoint):
             # pyarrow wants host:port plus a scheme argument; object_store takes a full URL.
             kwargs["scheme"], _, kwargs["endpoint_override"] = endpoint.partition("://")
         if str(storage_options.get("allow_http", "")).lower() == "true":
@@ -215,7 +206,7 @@ def open_input_file(uri: str, storage_options: dict[str, str] | None = None) -> 
     :raises InvalidItemError: the file does not exist, or the store refuses or cannot be reached (the
         message names the URI and never a credential).
     """
-    if "://" not in uri:
+    if not has_scheme(uri):
         try:
             return open(uri, "rb")
         except FileNotFoundError:
@@ -231,7 +222,7 @@ def open_input_file(uri: str, storage_options: dict[str, str] | None = None) -> 
 
 def file_size(uri: str, storage_options: dict[str, str] | None = None) -> int:
     """The size in bytes of the source file at ``uri`` (errors as :func:`open_input_file`'s)."""
-    if "://" not in uri:
+    if not has_scheme(uri):
         try:
             return os.path.getsize(uri)
         except FileNotFoundError:

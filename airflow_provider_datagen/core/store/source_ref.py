@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.store import lance_io
 from airflow_provider_datagen.core.store.paths import is_local, local_path, source_ref_uri
+from airflow_provider_datagen.core.uri import has_scheme
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class SourceRef:
 
 def strip_credentials(uri: str) -> tuple[str, bool]:
     """``uri`` without user-info and query (``s3://key:secret@b/x``, ``...?secret_key=``), and whether it had any."""
-    if "://" not in uri:
+    if not has_scheme(uri):
         return uri, False
     parts = urlsplit(uri)
     if "@" not in parts.netloc and not parts.query:
