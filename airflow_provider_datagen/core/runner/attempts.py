@@ -153,11 +153,7 @@ def _stage_transient(
     interp.batch.failed(
         item.item_id,
         error=exc,
-        step=coord.step,
-        step_kind=coord.step_kind,
-        enclosing_step=coord.enclosing_step,
-        iteration=coord.iteration,
-        fanout_index=coord.fanout_index,
+        at=coord,
         attempt=item.attempt,
         transient=True,
         wait=rs.upcoming_sleep,

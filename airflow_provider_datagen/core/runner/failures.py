@@ -114,11 +114,7 @@ def on_failure(runner: Committer, item: WorkItem, exc: BaseException) -> None:
     runner.batch.failed(
         failed_id,
         error=err,
-        step=where.step,
-        step_kind=where.step_kind,
-        enclosing_step=where.enclosing_step,
-        iteration=where.iteration,
-        fanout_index=where.fanout_index,
+        at=where,
         attempt=attempt if attempt is not None or not used else item.attempt,
         # the usage the failed attempt recorded: it counts (money was spent), shown apart
         usage=staged_entries(shared, used) if used else None,

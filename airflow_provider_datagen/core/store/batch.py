@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from airflow_provider_datagen.core.error_text import error_message, error_traceback, error_type
-from airflow_provider_datagen.core.events import ID_SEP, EncodedValue, encode_value
+from airflow_provider_datagen.core.events import ID_SEP, EncodedValue, StepCoord, encode_value
 from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, check_field_name, parent_of
 from airflow_provider_datagen.core.schema import (
     STORED_STATUS_FAILED,
@@ -44,6 +44,8 @@ FAILED_VALUE = EventType.FAILED.value
 TERMINAL_VALUE = EventType.TERMINAL.value
 RUNNING = ItemStatus.RUNNING.value
 NEVER_STARTED = ItemStatus.NEVER_STARTED.value
+#: the coordinates of a failure given by its step name alone
+_NOWHERE = StepCoord()
 _RELEASED = "\x00released"  # the released shape's key among the TERMINAL shapes (no status)
 
 #: What the commit must do for an event beyond numbering it (:attr:`Shape.kind`): an ITEM_CREATED
@@ -355,10 +357,7 @@ class Batch:
         *,
         error: BaseException | str,
         step: str | None = None,
-        step_kind: str | None = None,
-        enclosing_step: str | None = None,
-        iteration: int | None = None,
-        fanout_index: int | None = None,
+        at: StepCoord | None = None,
         traceback: str | None = None,
         attempt: int | None = None,
         transient: bool = False,
@@ -373,8 +372,13 @@ class Batch:
         "wait"}`` in the value columns; a transient row is stored with status ``transient``, which the
         folds keep out of the item's ``failures`` (see docs/adr/0008-in-place-retries.md). The
         ``usage`` entries the failed attempt recorded join that JSON (docs/adr/0011-usage-ledger.md).
+        ``step`` names the step alone; ``at`` gives all its coordinates (the runner's, where it failed).
         """
         item_id = self._id(item_id)
+        if at is not None:
+            if step is not None and step != at.step:
+                raise InvalidEventError(f"item {item_id!r}: step {step!r} and at={at!r} name different steps")
+            step = at.step
         if isinstance(error, BaseException):
             # the user's error may break its own __str__: it must still fail only its item
             etype, message = error_type(error), error_message(error)
@@ -385,8 +389,17 @@ class Batch:
         else:
             raise InvalidEventError(f"item {item_id!r}: error must be an exception or a message string")
         status = STORED_STATUS_TRANSIENT if transient else STORED_STATUS_FAILED
+        where = at or _NOWHERE
         shape = self._writer.shape(
-            FAILED_VALUE, step, step_kind, enclosing_step, iteration, fanout_index, None, None, status
+            FAILED_VALUE,
+            step,
+            where.step_kind,
+            where.enclosing_step,
+            where.iteration,
+            where.fanout_index,
+            None,
+            None,
+            status,
         )
         err = ErrorInfo(etype, _clip(message) or "", _clip(traceback))
         enc = None
