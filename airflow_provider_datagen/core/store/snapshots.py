@@ -4,7 +4,7 @@ The log keeps only input fingerprints. A plan over an inline source (a list in t
 the whole source once, content-addressed, beside the log (:meth:`CheckpointLog.write_source_snapshot`),
 and records which snapshot it read (:mod:`.source_ref`); the UI's item page reads an item's input back
 from there. Sources read from a path are not copied: the record names the path, and
-``core/rerun.py`` reads the one row back from it.
+``core/next_run.py`` reads the one row back from it.
 """
 
 from __future__ import annotations
