@@ -84,7 +84,7 @@ def _usage_log(log: Any, n: int) -> int:
     full = pa.concat_tables([table.cast(EVENT_SCHEMA), failed.cast(EVENT_SCHEMA)])
     step = -(-full.num_rows // 20)
     for start in range(0, full.num_rows, step):
-        log._append(full.slice(start, step))
+        log.append(full.slice(start, step))
     return full.num_rows
 
 
@@ -148,7 +148,7 @@ def bench_usage(tmp: Path, quick: bool) -> dict[str, Any]:
     row["maintain_s"] = time.perf_counter() - t
     row["projected_usage_rows"] = report["projected_usage_rows"]
     # what maintain() pays for the projection when none is stored yet (the whole log's usage rows)
-    ds = log._dataset()
+    ds = log.table.dataset()
     shutil.rmtree(usage_projection_uri(log.uri))
     t = time.perf_counter()
     usage_projection.write_usage_projection(log.table, ds, dt.timedelta(hours=1))
@@ -204,7 +204,7 @@ def bench_no_usage(tmp: Path, quick: bool) -> dict[str, Any]:
     table = synth_events(source_items(n), 1.0)
     step = -(-table.num_rows // 20)
     for start in range(0, table.num_rows, step):
-        log._append(table.slice(start, step))
+        log.append(table.slice(start, step))
     row: dict[str, Any] = {"items": n, "events": table.num_rows, "load_before": os.getloadavg()}
     row["states_s_before_maintain_cold_process"] = _cold(root, "plain", "states")
     row["summary_s_before_maintain_cold_process"] = _cold(root, "plain", "summary")

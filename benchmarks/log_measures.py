@@ -110,7 +110,7 @@ def main() -> None:
         n_items = args.events // 5
         write_s = write_big_log(lg, args.events)
         rows.append((f"write {args.events:,} events / {n_items:,} items (100k-event commits)", f"{write_s:.1f} s"))
-        scan_s, table = _timed(lambda: lg._scan(LIGHT_COLUMNS))
+        scan_s, table = _timed(lambda: lg.table.scan(LIGHT_COLUMNS))
         fold_s, states = _timed(lambda: fold_table(table))
         assert states.num_rows == n_items and table.num_rows == args.events
         rows.append((f"scan light columns, {table.num_rows:,} rows", f"{scan_s:.2f} s"))

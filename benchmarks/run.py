@@ -298,7 +298,7 @@ def _commits_of(log: Any) -> list[pa.Table]:
 
     from airflow_provider_datagen.core.schema import EVENT_SCHEMA, NON_BLOB_COLUMNS
 
-    ds = log._dataset()
+    ds = log.table.dataset()
     light = ds.to_table(columns=[*NON_BLOB_COLUMNS, "_row_created_at_version"])
     light = light.append_column(EVENT_SCHEMA.field("value_blob"), pa.nulls(light.num_rows, pa.large_binary()))
     versions = light["_row_created_at_version"]
@@ -425,7 +425,7 @@ def bench_plan(tmp: Path, quick: bool) -> dict[str, Any]:
     t = time.perf_counter()
     items = prepare_items(raw_items)
     prepare_s = time.perf_counter() - t
-    ds = log._dataset()
+    ds = log.table.dataset()
     floor = median_time(lambda: ds.to_table(columns=list(LIGHT_COLUMNS)), 3)
     # the same columns read batch by batch and dropped, as the streamed cold fold reads them: no
     # 500 MB table to allocate, so a lower and steadier floor than the table scan on this machine

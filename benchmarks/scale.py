@@ -57,7 +57,7 @@ def build(n: int) -> Path:
             writer = pq.ParquetWriter(root / "source.parquet", table.schema)
         writer.write_table(table, row_group_size=100_000)
         ev = synth_events(rows, 0.95, seed=lo, first_row=events)
-        log._append(ev)
+        log.append(ev)
         events += ev.num_rows
         print(
             f"    built {min(n, lo + SLICE)}/{n} items, {events} events ({time.perf_counter() - t:.0f} s)", flush=True
@@ -100,7 +100,7 @@ elif what == "scan":
     out = {"rows": rows}
 elif what == "light":
     from airflow_provider_datagen.core.schema import LIGHT_COLUMNS
-    ds = log._dataset()
+    ds = log.table.dataset()
     out = {"rows": sum(b.num_rows for b in ds.to_batches(columns=list(LIGHT_COLUMNS), batch_size=1 << 16))}
 out["s"] = time.perf_counter() - t
 out["cpu_s"] = time.process_time() - cpu
@@ -230,13 +230,13 @@ def bench_plan_resume(sizes: tuple[int, ...] = (200_000, 1_000_000)) -> list[dic
             return CheckpointLog.open(root / "logs", pipeline="bench", experiment="scale", auto_maintain_fragments=None)
 
         log = opened()
-        if not log._projection_version():
+        if not log.projection_version():
             log.maintain()
         rows = prompt_rows(0, n)
         cpu = time.process_time()
         warm = median_time(lambda rows=rows: plan_resume(opened(), rows), 3)
         cpu = (time.process_time() - cpu) / 3
-        ds = opened()._dataset()
+        ds = opened().table.dataset()
         light = median_time(
             lambda ds=ds: sum(b.num_rows for b in ds.to_batches(columns=list(LIGHT_COLUMNS), batch_size=1 << 16)), 3
         )

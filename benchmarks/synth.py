@@ -80,5 +80,5 @@ def build_log(log: CheckpointLog, items: list[dict[str, object]], done_fraction:
     table = synth_events(items, done_fraction)
     step = -(-table.num_rows // appends)
     for start in range(0, table.num_rows, step):
-        log._append(table.slice(start, step))
+        log.append(table.slice(start, step))
     return table.num_rows

@@ -357,7 +357,7 @@ def _rows(
     """The rows one batch would append, captured before they reach Lance (the log stays empty)."""
     log = open_log(tmp_path, "e", pipeline="p")
     captured: list[pa.Table] = []
-    log._append = captured.append  # type: ignore[method-assign]
+    log.append = captured.append  # type: ignore[method-assign]
     w = log.writer(writer_id, epoch, airflow=airflow, processor_version=processor_version)
     with w.batch() as b:
         build(b)

@@ -147,7 +147,7 @@ def test_a_partitioned_plan_without_the_fold_cache_is_the_in_memory_plan(
     planned_log: Any, partitioned: None, fmt: str
 ) -> None:
     log, source, paths = planned_log
-    assert log._projection_version() == 0  # cold: every bucket folds its own events
+    assert log.projection_version() == 0  # cold: every bucket folds its own events
     assert_same_plan(log, source, paths[fmt], chunk_size=250)
     result = plan_chunks(log, paths[fmt], chunk_size=250)
     by_id = {r["id"]: r for r in source}
@@ -163,13 +163,13 @@ def test_a_partitioned_plan_with_the_fold_cache_and_events_since_is_the_in_memor
     log0, source, paths = planned_log
     log = copied(log0, tmp_path)
     log.maintain()
-    assert log._projection_version() == log.version  # cached: buckets of stored states
+    assert log.projection_version() == log.version  # cached: buckets of stored states
     assert_same_plan(log, source, paths["parquet"], chunk_size=300)
     assert_same_plan(log, source, paths["jsonl"], processor_version="v0", redo_completed="other_version", max_chunks=7)
     # events after the projection: those items are folded again, the rest read as stored
     later = synth_events(source[:40], 0.5, seed=11, first_row=10**7)
-    log._append(later.slice(0, later.num_rows - 1))
-    assert 0 < log._projection_version() < log.version
+    log.append(later.slice(0, later.num_rows - 1))
+    assert 0 < log.projection_version() < log.version
     assert_same_plan(log, source, paths["lance"], chunk_size=200)
 
 
@@ -180,11 +180,11 @@ def test_a_cold_partitioned_plan_stores_its_fold_as_the_projection(
     log = copied(log0, tmp_path)
     monkeypatch.setattr(maintenance, "PROJECTION_MIN_NEW_EVENTS", 1)
     plan_chunks(log, paths["parquet"])
-    assert log._projection_version() == log.version
+    assert log.projection_version() == log.version
     fresh = CheckpointLog.open(tmp_path / "root", pipeline="p", experiment="e", remember_fold=False)
     stored = fresh.states().sort_by("item_id")
     assert stored.num_rows > len(source) * 0.9
-    full = fold_table(fresh._scan(LIGHT_COLUMNS)).sort_by("item_id")
+    full = fold_table(fresh.table.scan(LIGHT_COLUMNS)).sort_by("item_id")
     assert stored.equals(full)
     # the status counts stored with it (set once the stream is written) are the full fold's
     written = projection.open_projection(fresh)

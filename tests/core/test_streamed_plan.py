@@ -76,7 +76,7 @@ def planned_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[CheckpointLog
     )
     log = CheckpointLog.open(tmp / "root", pipeline="p", experiment="e", auto_maintain_fragments=None)
     for start in range(0, events.num_rows, 40_000):
-        log._append(events.slice(start, 40_000))
+        log.append(events.slice(start, 40_000))
     # the source as the plan sees it: some done items edited, new items, a reordering
     source = [dict(r) for r in rows]
     for r in source[::97]:

@@ -26,9 +26,9 @@ def test_a_status_that_folded_stores_its_fold_for_the_next_tasks(
 ) -> None:
     log = open_log(tmp_path, "store")
     run_items(log, make_items(50), failing_on(set(), "flat"), writer_id="w", epoch=1)
-    assert log._projection_version() == 0
+    assert log.projection_version() == 0
     first = folded_status(open_log(tmp_path, "store"))  # no projection: folds, then stores the fold
-    assert log._projection_version() == log.version
+    assert log.projection_version() == log.version
     assert first["completed"] == 50
     run_items(log, make_items(60)[50:], failing_on(set(), "flat"), writer_id="w2", epoch=2)
     new_events = sum(len(log.events(str(i))) for i in range(50, 60))
@@ -38,7 +38,7 @@ def test_a_status_that_folded_stores_its_fold_for_the_next_tasks(
     assert count.rows == new_events
     assert second == _folded(tmp_path, "store")
     assert second["completed"] == 60
-    assert log._projection_version() < log.version
+    assert log.projection_version() < log.version
 
 
 def test_a_projection_the_store_refuses_leaves_the_status_and_the_task_alone(
@@ -56,4 +56,4 @@ def test_a_projection_the_store_refuses_leaves_the_status_and_the_task_alone(
     assert status["completed"] == 20
     assert "did not store the state projection" in caplog.text
     assert "failed 4 times: dropped" in caplog.text
-    assert log._projection_version() == 0
+    assert log.projection_version() == 0

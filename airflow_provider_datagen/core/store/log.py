@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     import concurrent.futures
     from collections.abc import Callable, Iterable, Sequence
 
-    import lance
     import numpy as np
 
     from airflow_provider_datagen.core.fold.usage import Sums
@@ -160,14 +159,6 @@ class CheckpointLog:
         self._memo = None
         self._usage_memo = None
 
-    def _dataset(self) -> lance.LanceDataset | None:
-        # kept for the tests and benchmarks that read the dataset itself: ``table.dataset()``
-        return self.table.dataset()
-
-    def _scan(self, columns: Sequence[str], filter: pc.Expression | None = None) -> pa.Table:
-        # kept for the benchmarks that scan the log's columns raw: ``table.scan()``
-        return self.table.scan(columns, filter)
-
     def _events(self, table: pa.Table) -> list[Event]:
         return rows.decode_events(self.uri, table)
 
@@ -191,6 +182,11 @@ class CheckpointLog:
         return self.table.version
 
     @property
+    def usage_memo(self) -> usage_reads.UsageMemo | None:
+        """The last usage sums this object remembers (None: none yet, or opened with ``remember_fold=False``)."""
+        return self._usage_memo
+
+    @property
     def fold_memo(self) -> projection.FoldMemo | None:
         """The last fold this object remembers (None: none yet, or opened with ``remember_fold=False``)."""
         return self._memo
@@ -210,13 +206,10 @@ class CheckpointLog:
     def append(self, table: pa.Table) -> None:
         """Commit ``table``, a batch's event rows as :class:`LogWriter` builds them, as one durable append.
 
-        The writer's side of the log; write events through :meth:`writer`, never raw rows.
+        The writer's side of the log; write events through :meth:`writer`, never raw rows. Every path
+        appends through this method (the writer, the committer thread), so tests and the crash workers
+        wrap it, on the class or one object, to count, hold, fail or capture the appends.
         """
-        self._append(table)
-
-    def _append(self, table: pa.Table) -> None:
-        # apart from append(): tests and the crash workers wrap this one, on the class or one object,
-        # to count, hold, fail or capture the appends of every path (writer, committer thread)
         self.wait_appends()
         appended = self.table.append(table)
         if appended and self._auto_maintenance.due(self.auto_maintain_fragments, self.table.opened):
@@ -472,8 +465,6 @@ class CheckpointLog:
     def projection_version(self) -> int:
         """The log version the state projection folds; 0 when there is none it could be read as."""
         return projection.projection_version(self.table)
-
-    _projection_version = projection_version  # the name older tests and the benchmarks call
 
     def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
         """The ``datagen_status`` dict of this log (see :func:`~airflow_provider_datagen.core.status.summarize`).

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             n = original_commit(self, batch, **kw)
             counts["commits"] += 1
             if mode == "commit" and counts["commits"] >= k:
-                self.log._wait_appends()  # "landed": a pipelined append finishes first
+                self.log.wait_appends()  # "landed": a pipelined append finishes first
                 _die()
             return n
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             if items:
                 counts["pulls"] += 1
                 if counts["pulls"] >= k:
-                    self.log._wait_appends()  # the pull's rows are durable, none of its acks
+                    self.log.wait_appends()  # the pull's rows are durable, none of its acks
                     _die()
 
         _Runner.pull = pull  # type: ignore[method-assign]

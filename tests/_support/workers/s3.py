@@ -56,21 +56,21 @@ def writer(args: argparse.Namespace) -> None:
     hook = _hook(args.conn)
     log = hook.get_log(PIPELINE, EXPERIMENT)
     rows = {"rows": 0, "commits": 0}
-    append = CheckpointLog._append
+    append = CheckpointLog.append
 
     def counted(self: Any, table: Any) -> None:
         append(self, table)
         rows["rows"] += table.num_rows
         rows["commits"] += 1
 
-    CheckpointLog._append = counted  # type: ignore[method-assign]
+    CheckpointLog.append = counted  # type: ignore[method-assign]
     if args.kill_after:
         commit = LogWriter.commit
 
         def killing(self: Any, batch: Any, **kw: Any) -> int:
             n = commit(self, batch, **kw)
             if self.commits >= args.kill_after:
-                self.log._wait_appends()  # the counted rows have landed
+                self.log.wait_appends()  # the counted rows have landed
                 _result({"killed_after": self.commits, **rows})
                 os.kill(os.getpid(), signal.SIGKILL)
             return n

@@ -175,7 +175,7 @@ def _attempt(req: dict[str, Any], crash: dict[str, Any], signal_fd: int) -> None
         n = original_commit(self, batch, **kw)
         counts["commits"] += 1
         if mode == "commit" and counts["commits"] >= k:
-            self.log._wait_appends()  # "landed": a pipelined append finishes first
+            self.log.wait_appends()  # "landed": a pipelined append finishes first
             _die()
         if mode == "in_maintain" and counts["commits"] == k:
             tell_server()
@@ -185,7 +185,7 @@ def _attempt(req: dict[str, Any], crash: dict[str, Any], signal_fd: int) -> None
 
     LogWriter.commit = commit  # type: ignore[method-assign]
 
-    original_append = CheckpointLog._append
+    original_append = CheckpointLog.append
 
     def append(self: Any, table: Any) -> None:
         counts["appends"] += 1
@@ -193,7 +193,7 @@ def _attempt(req: dict[str, Any], crash: dict[str, Any], signal_fd: int) -> None
             tell_server()  # the server sleeps delay_us and sends SIGKILL while Lance writes
         original_append(self, table)
 
-    CheckpointLog._append = append  # type: ignore[method-assign]
+    CheckpointLog.append = append  # type: ignore[method-assign]
 
     original_pull = _Runner.pull
 
@@ -202,7 +202,7 @@ def _attempt(req: dict[str, Any], crash: dict[str, Any], signal_fd: int) -> None
         if items:
             counts["pulls"] += 1
             if mode == "pull" and counts["pulls"] >= k:
-                self.log._wait_appends()  # the pull's rows are durable, none of its acks
+                self.log.wait_appends()  # the pull's rows are durable, none of its acks
                 _die()
 
     _Runner.pull = pull  # type: ignore[method-assign]

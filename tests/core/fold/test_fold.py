@@ -41,6 +41,7 @@ from airflow_provider_datagen.core.fold import (
 from airflow_provider_datagen.core.ids import parent_of, root_of
 from airflow_provider_datagen.core.schema import STORED_STATUS_FAILED, STORED_STATUS_TRANSIENT
 from airflow_provider_datagen.core.schema import EventType as ET
+from tests._support.profiles import examples
 
 STATUS_OF = {ET.ITEM_CREATED: "running", ET.FAILED: STORED_STATUS_FAILED}
 
@@ -563,14 +564,14 @@ def all_states(events: list[Event]) -> dict[str, Any]:
     return {i: fold_events(i, events) for i in ITEMS}
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(logs(), st.integers(1, 4))
 def test_vectorized_fold_equals_reference_fold(batches: list[list[Event]], chunks: int) -> None:
     events = flat(batches)
     assert vector_rows(events, chunks) == reference_rows(events)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(raw_events(max_seq=40), min_size=1, max_size=60), st.integers(1, 3))
 def test_vectorized_fold_equals_reference_fold_on_sparse_sequences(events: list[Event], chunks: int) -> None:
     assert vector_rows(events, chunks) == reference_rows(events)
@@ -610,7 +611,7 @@ def orderly_item(draw: st.DrawFn, item: str) -> list[Event]:
     return out
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.lists(st.sampled_from(ITEMS), min_size=1, max_size=4, unique=True).flatmap(
         lambda items: st.tuples(*(orderly_item(i) for i in items))
@@ -625,7 +626,7 @@ def test_vectorized_fold_equals_reference_fold_on_plausible_trajectories(
     assert vector_rows(events, 3) == reference_rows(events)
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     logs(),
     st.lists(st.sampled_from([*ITEMS, "z", "b/s:1"]), unique=True),
@@ -653,7 +654,7 @@ def test_aligned_fold_equals_reference_fold_and_indexes_the_given_ids(
             assert table["item_id"][row].as_py() == iid
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(logs(), logs(), st.randoms())
 def test_interleaving_other_items_changes_nothing(
     mine: list[list[Event]], others: list[list[Event]], rnd: random.Random
@@ -669,7 +670,7 @@ def test_interleaving_other_items_changes_nothing(
         assert together == alone
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(logs(), st.randoms())
 def test_replaying_and_shuffling_batches_changes_nothing(batches: list[list[Event]], rnd: random.Random) -> None:
     events = flat(batches)
@@ -682,7 +683,7 @@ def test_replaying_and_shuffling_batches_changes_nothing(batches: list[list[Even
     assert vector_rows(replayed) == vector_rows(events)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(logs(), logs(), logs(), st.randoms())
 def test_union_of_logs_is_a_semilattice_under_the_fold(
     a: list[list[Event]], b: list[list[Event]], c: list[list[Event]], rnd: random.Random
@@ -722,7 +723,7 @@ def test_which_copy_of_a_retried_event_is_kept_does_not_depend_on_order() -> Non
     assert [r.writer_id for r in failure_records(one)] == ["w3"]
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(logs(), st.lists(st.sampled_from([*ITEMS, "z"]), unique=True), st.integers(1, 7), st.integers(1, 7))
 def test_two_streams_of_different_batch_sizes_fold_as_one_table(
     batches: list[list[Event]], ids: list[str], id_rows: int, other_rows: int

@@ -18,6 +18,7 @@ from airflow_provider_datagen.core.events import Event, StepCoord, event_id_for
 from airflow_provider_datagen.core.fold.usage import USAGE_COLUMNS, usage_of_events, usage_of_table
 from airflow_provider_datagen.core.schema import STORED_STATUS_FAILED, STORED_STATUS_TRANSIENT
 from airflow_provider_datagen.core.schema import EventType as ET
+from tests._support.profiles import examples
 
 MODELS = ["openai:gpt-5-mini", "anthropic:claude-x", "local:unpriced"]
 WRITERS = [("w1", 1), ("w1", 2), ("w2", 3)]
@@ -113,7 +114,7 @@ def _table(events: list[Event], *, keys: bool = False) -> pa.Table:
     ).select(columns)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(logs(), st.randoms())
 def test_the_vectorized_fold_equals_the_reference_fold(events: list[Event], rnd: Any) -> None:
     shuffled = list(events)
@@ -122,7 +123,7 @@ def test_the_vectorized_fold_equals_the_reference_fold(events: list[Event], rnd:
     assert usage_of_table(_table(shuffled, keys=True)) == usage_of_events(events)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(logs(), st.sampled_from(WRITERS))
 def test_leaving_a_writer_out_equals_folding_without_its_rows(events: list[Event], writer: tuple[str, int]) -> None:
     others = [e for e in events if (e.writer_id, e.writer_epoch) != writer]

@@ -193,7 +193,7 @@ def test_a_batch_landing_twice_is_counted_once(tmp_path: Path) -> None:
     before = log.usage()
     rows = log.scan(NON_BLOB_COLUMNS)  # no value is blob-stored here
     again = rows.append_column(EVENT_SCHEMA.field("value_blob"), pa.nulls(rows.num_rows, pa.large_binary()))
-    log._append(again.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))  # every row again: a batch landing twice
+    log.append(again.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))  # every row again: a batch landing twice
     assert log.stats()["events"] == 2 * rows.num_rows
     assert log.usage() == before  # this object read the copies as new rows since its last read
     assert open_log(tmp_path, "e").usage() == before  # a fresh one reads every row at once
@@ -204,7 +204,7 @@ def test_a_remembered_read_adds_only_what_was_committed_since(tmp_path: Path) ->
     log = open_log(tmp_path, "e")
     run_items(log, _items(3), _model)
     assert log.usage()["calls"] == 9
-    memo = log._usage_memo
+    memo = log.usage_memo
     assert memo is not None and memo.version == log.version
     run_items(log, _items(5), _model, epoch=2)  # two more items
     assert log.usage() == open_log(tmp_path, "e").usage()

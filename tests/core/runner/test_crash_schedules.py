@@ -35,6 +35,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from tests._support import REPO
+from tests._support.profiles import examples
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -261,7 +262,7 @@ def test_crash_schedules_resume_to_the_uninterrupted_export(
     derandomize = SEED is None
 
     @settings(
-        max_examples=BATCHES,
+        max_examples=examples(BATCHES),
         deadline=None,
         database=None,
         derandomize=derandomize,

@@ -20,6 +20,7 @@ from airflow_provider_datagen.core import run_items
 from airflow_provider_datagen.core.runner.driver import Runner as _Runner
 from airflow_provider_datagen.exceptions import ProcessContractError
 from tests._support.engine import open_log, raw_events
+from tests._support.profiles import examples
 
 BEHAVIOURS = [
     "none",
@@ -115,7 +116,7 @@ def _summary(report: Any) -> tuple[Any, ...]:
     )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     behaviours=st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=12),
     every=st.sampled_from([None, 1, 3]),

@@ -601,7 +601,7 @@ def case_newer_schema_rows(env: Env) -> None:
     lg = env.open()
     scratch = CheckpointLog.open(env.tmp / "scratch", pipeline="s", experiment="s")
     captured: list[pa.Table] = []
-    scratch._append = captured.append  # type: ignore[method-assign]
+    scratch.append = captured.append  # type: ignore[method-assign]
     with scratch.writer("future", 1).batch() as b:
         b.item_created("from-the-future", input_fingerprint="f")
     table = captured[0]

@@ -372,7 +372,8 @@ def test_with_checkpoint_every_1_each_step_is_durable_before_the_next_one_runs(t
 
 def _commit_of(log: Any) -> dict[tuple[str, str], int]:
     """The commit (log version) of each item's STEP_COMPLETED per step and of its TERMINAL."""
-    rows = log._dataset().to_table(columns=["item_id", "event_type", "step", "_row_created_at_version"]).to_pylist()
+    columns = ["item_id", "event_type", "step", "_row_created_at_version"]
+    rows = log.table.dataset().to_table(columns=columns).to_pylist()
     return {
         (r["item_id"], r["step"] or "TERMINAL"): r["_row_created_at_version"]
         for r in rows

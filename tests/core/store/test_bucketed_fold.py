@@ -20,6 +20,7 @@ from airflow_provider_datagen.core.fold import fold_table
 from airflow_provider_datagen.core.schema import LIGHT_COLUMNS
 from airflow_provider_datagen.core.store import bucketed_fold, projection
 from tests._support.engine import make_items, open_log
+from tests._support.profiles import examples
 from tests.core.store.test_states_of import RUN, N, failing_on, run
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def _cold(root: Path, name: str) -> CheckpointLog:
     return open_log(root, name)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     first=RUN,
     ops=st.lists(st.one_of(RUN, st.tuples(st.just("maintain"))), max_size=4),

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from airflow_provider_datagen.core import CheckpointLog
 from airflow_provider_datagen.core.store.table import LanceTable
 from tests._support.engine import open_log, raw_events, write_events
+from tests._support.profiles import examples
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -135,7 +136,7 @@ OPS = st.one_of(
 )
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=1, max_size=10))
 def test_the_memo_never_changes_an_answer(tmp_path_factory: pytest.TempPathFactory, ops: list[Any]) -> None:
     root = tmp_path_factory.mktemp("memo")

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from airflow_provider_datagen.core import run_items
 from airflow_provider_datagen.core.store import projection
 from tests._support.engine import make_items, open_log, steps_pipeline
+from tests._support.profiles import examples
 from tests.core.store.test_projection import ScanCount
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ RUN = st.tuples(
 OPS = st.one_of(RUN, st.tuples(st.just("maintain")), st.tuples(st.just("fold")))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=1, max_size=6), extra=st.lists(st.integers(0, N + 3), max_size=6))
 def test_states_of_gives_the_rows_of_the_whole_fold(
     tmp_path_factory: pytest.TempPathFactory, ops: list[Any], extra: list[int]

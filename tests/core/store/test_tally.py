@@ -20,6 +20,7 @@ from airflow_provider_datagen.core.store import lance_io, projection
 from airflow_provider_datagen.core.store import tally as tally_module
 from airflow_provider_datagen.operators.base import folded_status
 from tests._support.engine import make_items, open_log
+from tests._support.profiles import examples
 from tests.core.store.test_projection import ScanCount
 from tests.core.store.test_states_of import OPS, N, failing_on, run
 
@@ -40,7 +41,7 @@ def _counted(root: Any, experiment: str) -> tuple[dict[str, Any], Tally | None]:
     return fresh.summary(), None if ds is None else tally_module.current_tally(fresh.table, ds)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=1, max_size=6))
 def test_the_counted_status_is_the_folded_one(tmp_path_factory: pytest.TempPathFactory, ops: list[Any]) -> None:
     root = tmp_path_factory.mktemp("tally")
@@ -59,7 +60,7 @@ def test_the_counted_status_is_the_folded_one(tmp_path_factory: pytest.TempPathF
             assert counted is not None, ops
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     ops=st.lists(OPS, min_size=1, max_size=4),
     cuts=st.lists(st.integers(0, 400), max_size=5),

@@ -27,6 +27,7 @@ from airflow_provider_datagen.core.store import usage_projection
 from airflow_provider_datagen.core.store.paths import usage_projection_uri
 from airflow_provider_datagen.core.store.table import LanceTable
 from tests._support.engine import open_log, raw_events
+from tests._support.profiles import examples
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -106,7 +107,7 @@ OPS = st.one_of(
 )
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=1, max_size=9))
 def test_the_usage_projection_never_changes_an_answer(tmp_path_factory: pytest.TempPathFactory, ops: list[Any]) -> None:
     root = tmp_path_factory.mktemp("usage")
