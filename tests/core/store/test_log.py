@@ -19,6 +19,7 @@ from airflow_provider_datagen.core import (
     child_item_id,
     root_item_id,
 )
+from airflow_provider_datagen.core.events import StepCoord
 from airflow_provider_datagen.core.fold import FENCING_ERROR_TYPE, STATE_SCHEMA
 from airflow_provider_datagen.core.schema import EVENT_SCHEMA, LIGHT_COLUMNS, NON_BLOB_COLUMNS
 from airflow_provider_datagen.exceptions import (
@@ -206,7 +207,7 @@ def test_failures_lens(log: CheckpointLog) -> None:
         with w.batch() as b:
             b.failed("5", error=exc, step="gen")
     with w.batch() as b:
-        b.failed("5", error="plain message", step="gen", iteration=2)
+        b.failed("5", error="plain message", at=StepCoord(step="gen", iteration=2))
     st = log.item_state("5")
     assert st.status is ItemStatus.RUNNING  # FAILED never changes the lifecycle
     assert st.failures == 2
