@@ -88,7 +88,11 @@ def _canonical(fields: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
 
 
 def collect_results(log: CheckpointLog) -> dict[str, str]:
-    """Completed root items -> canonical JSON of their folded fields (blob values loaded)."""
+    """Completed root items -> canonical JSON of their folded fields (blob values loaded).
+
+    The result set of one log, without writing an export: what :func:`merge_results` unions across
+    logs (or shards of one experiment) and :func:`results_fingerprint` hashes.
+    """
     return _canonical(_fields(log.completed_root_states()))
 
 

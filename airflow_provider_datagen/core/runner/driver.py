@@ -140,7 +140,7 @@ class Runner(Committer):
         """The one step, its coordinates, and the shapes of its STEP_COMPLETED and of TERMINAL(completed)."""
         pipeline = self.shared.pipeline
         site = self.step_site(pipeline, None, None, None)
-        done = self.shared.writer.shape(_TERMINAL, None, None, None, None, None, None, None, COMPLETED)
+        done = self.shared.writer.shape(_TERMINAL, status=COMPLETED)
         return pipeline, site.coord, site.shape, done
 
     @staticmethod

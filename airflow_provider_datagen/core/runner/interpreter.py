@@ -184,14 +184,13 @@ class Interpreter:
             writer = shared.writer
             shape = writer.shape(
                 _STEP_COMPLETED,
-                coord.step or "",
-                coord.step_kind,
-                coord.enclosing_step,
-                coord.iteration,
-                coord.fanout_index,
-                coord.selector_step,
-                shared.processor_version or writer.processor_version,
-                None,
+                step=coord.step or "",
+                step_kind=coord.step_kind,
+                enclosing_step=coord.enclosing_step,
+                iteration=coord.iteration,
+                fanout_index=coord.fanout_index,
+                selector_step=coord.selector_step,
+                processor_version=shared.processor_version or writer.processor_version,
             )
             hit = StepSite(coord, coord.frame_key, f"{enclosing}/{step.name}" if enclosing else step.name, shape)
             if len(shared.sites) >= _MAX_SITES:

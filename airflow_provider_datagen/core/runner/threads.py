@@ -327,18 +327,20 @@ class RootWorkers:
             if job is None or handoff.closed:  # never start user code after the run has ended
                 return
             index, item, src, create, _ = job
-            if prepay is not None:
-                prepay()
-                worker.prepaid_slots = 1
-            if stop is not None and stop():
-                # the budget was reached since the item was queued: checked here, in the thread that
-                # would start it, so no item starts after the run has seen it (the main thread's check
-                # before queueing is up to 2 * concurrency items earlier)
-                handoff.finish(Finished(index, item, src, worker.batch, 0, 0, (NOT_STARTED, None)))
-                continue
-            if create:
-                worker.stage_created(src)
+            created = False
             try:
+                if prepay is not None:
+                    prepay()
+                    worker.prepaid_slots = 1
+                if stop is not None and stop():
+                    # the budget was reached since the item was queued: checked here, in the thread that
+                    # would start it, so no item starts after the run has seen it (the main thread's
+                    # check before queueing is up to 2 * concurrency items earlier)
+                    handoff.finish(Finished(index, item, src, worker.batch, 0, 0, (NOT_STARTED, None)))
+                    continue
+                if create:
+                    worker.stage_created(src)
+                    created = True
                 if item is None:
                     assert leaf is not None
                     outcome = worker.work_fresh_leaf(src, leaf)
@@ -347,8 +349,10 @@ class RootWorkers:
                         worker.known_children = set()
                     outcome = worker.work(item)
             except BaseException as exc:
-                # handed back whatever it is: a thread that died here would leave the main thread
-                # waiting for this item forever
+                # handed back whatever it is, the rate limit's wait and the budget check included: a
+                # thread that died here would leave the main thread waiting for this item forever
+                if create and not created:
+                    worker.stage_created(src)  # its FAILED row belongs to a generation
                 outcome = (None, exc)
             worker.prepaid_slots = 0  # an item acknowledged without a call leaves its slot unused
             batch, worker.batch = worker.batch, worker.new_batch()

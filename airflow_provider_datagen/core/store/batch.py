@@ -114,14 +114,15 @@ class BatchWriter(Protocol):
     def shape(
         self,
         event_type: str,
-        step: str | None,
-        step_kind: str | StepKind | None,
-        enclosing_step: str | None,
-        iteration: int | None,
-        fanout_index: int | None,
-        selector_step: str | None,
-        processor_version: str | None,
-        status: str | None,
+        *,
+        step: str | None = None,
+        step_kind: str | StepKind | None = None,
+        enclosing_step: str | None = None,
+        iteration: int | None = None,
+        fanout_index: int | None = None,
+        selector_step: str | None = None,
+        processor_version: str | None = None,
+        status: str | None = None,
     ) -> Shape: ...
 
 
@@ -218,7 +219,7 @@ class Batch:
             return
         w = self._writer
         pv = processor_version or w.processor_version
-        shape = w.shape(CREATED_VALUE, None, None, None, None, None, None, pv, RUNNING)
+        shape = w.shape(CREATED_VALUE, processor_version=pv, status=RUNNING)
         tail = shape.id_tail
         self.events.extend([(iid, shape, fp, tail, None) for iid, fp in zip(item_ids, fingerprints)])
 
@@ -259,14 +260,13 @@ class Batch:
         w = self._writer
         shape = w.shape(
             CREATED_VALUE,
-            step,
-            step_kind,
-            enclosing_step,
-            None,
-            fanout_index,
-            selector_step,
-            processor_version or w.processor_version,
-            RUNNING,
+            step=step,
+            step_kind=step_kind,
+            enclosing_step=enclosing_step,
+            fanout_index=fanout_index,
+            selector_step=selector_step,
+            processor_version=processor_version or w.processor_version,
+            status=RUNNING,
         )
         extras = None
         if parent_item_id and parent_item_id != parent_of(item_id):
@@ -288,7 +288,13 @@ class Batch:
         """A driver frame (Sequence/Loop iteration) opened: a structural marker."""
         item_id = self._id(item_id)
         shape = self._writer.shape(
-            STARTED_VALUE, step, step_kind, enclosing_step, iteration, fanout_index, selector_step, None, None
+            STARTED_VALUE,
+            step=step,
+            step_kind=step_kind,
+            enclosing_step=enclosing_step,
+            iteration=iteration,
+            fanout_index=fanout_index,
+            selector_step=selector_step,
         )
         self.events.append((item_id, shape, None, shape.id_tail, None))
 
@@ -298,7 +304,7 @@ class Batch:
         enc = encode_value(
             value, blob_threshold=self._writer.log.blob_threshold, what=f"field {name!r} of item {item_id!r}"
         )
-        shape = self._writer.shape(event_type, step, None, None, None, None, None, None, None)
+        shape = self._writer.shape(event_type, step=step)
         # the kind keeps bytes b'"x"' and the JSON string "x" (same digest) apart
         tail = f"{shape.id_coords}{SEP}{name}{SEP}{enc.kind}:{enc.digest}{SEP}{SEP}"
         self.with_extras.append(len(self.events))
@@ -334,14 +340,13 @@ class Batch:
         w = self._writer
         shape = w.shape(
             COMPLETED_VALUE,
-            step,
-            step_kind,
-            enclosing_step,
-            iteration,
-            fanout_index,
-            selector_step,
-            processor_version or w.processor_version,
-            None,
+            step=step,
+            step_kind=step_kind,
+            enclosing_step=enclosing_step,
+            iteration=iteration,
+            fanout_index=fanout_index,
+            selector_step=selector_step,
+            processor_version=processor_version or w.processor_version,
         )
         if value is None:
             self.events.append((item_id, shape, None, shape.id_tail, None))
@@ -392,14 +397,12 @@ class Batch:
         where = at or _NOWHERE
         shape = self._writer.shape(
             FAILED_VALUE,
-            step,
-            where.step_kind,
-            where.enclosing_step,
-            where.iteration,
-            where.fanout_index,
-            None,
-            None,
-            status,
+            step=step,
+            step_kind=where.step_kind,
+            enclosing_step=where.enclosing_step,
+            iteration=where.iteration,
+            fanout_index=where.fanout_index,
+            status=status,
         )
         err = ErrorInfo(etype, _clip(message) or "", _clip(traceback))
         enc = None
@@ -428,7 +431,7 @@ class Batch:
         # cached under a key no terminal() status can be, so terminal() still refuses never_started
         shape = self._terminal_shapes.get(_RELEASED)
         if shape is None:
-            shape = self._writer.shape(TERMINAL_VALUE, None, None, None, None, None, None, None, NEVER_STARTED)
+            shape = self._writer.shape(TERMINAL_VALUE, status=NEVER_STARTED)
             self._terminal_shapes[_RELEASED] = shape
         self.events.append((item_id, shape, None, shape.id_tail, None))
 
@@ -442,7 +445,7 @@ class Batch:
                 raise InvalidEventError(
                     f"item {item_id!r}: unknown terminal status {status!r}; use 'completed' or 'filtered'"
                 )
-            shape = self._writer.shape(TERMINAL_VALUE, None, None, None, None, None, None, None, status_value)
+            shape = self._writer.shape(TERMINAL_VALUE, status=status_value)
             self._terminal_shapes[status_value] = shape
         if reason is None:
             self.events.append((item_id, shape, None, shape.id_tail, None))

@@ -180,14 +180,15 @@ class LogWriter:
     def shape(
         self,
         event_type: str,
-        step: str | None,
-        step_kind: str | StepKind | None,
-        enclosing_step: str | None,
-        iteration: int | None,
-        fanout_index: int | None,
-        selector_step: str | None,
-        processor_version: str | None,
-        status: str | None,
+        *,
+        step: str | None = None,
+        step_kind: str | StepKind | None = None,
+        enclosing_step: str | None = None,
+        iteration: int | None = None,
+        fanout_index: int | None = None,
+        selector_step: str | None = None,
+        processor_version: str | None = None,
+        status: str | None = None,
     ) -> Shape:
         """The validated, cached :class:`Shape` of an event (the runner builds its per-step shapes here)."""
         if iteration is not None or fanout_index is not None:

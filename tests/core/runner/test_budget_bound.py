@@ -240,3 +240,60 @@ def test_an_item_that_waited_for_the_rate_limit_does_not_start_once_the_budget_i
     assert calls == ["0"]  # before: the 7 items waiting for a slot started after it
     summary = status_of(log, items)
     assert (summary["completed"], summary["running"], summary["never_started"]) == (1, 0, 99)
+
+
+def test_a_rate_limit_wait_that_raises_in_a_worker_fails_its_item_and_the_run_ends(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker thread's slot wait (a budget and a rate limit) is inside its item's guard.
+
+    Before, an error there (the limiter's shared storage gone, say) killed the worker thread outside
+    the item's try: the main thread waited for that item forever and the run hung.
+    """
+    from airflow_provider_datagen.core import RateLimit
+    from airflow_provider_datagen.core.runner import run as run_module
+
+    opened = run_module.open_limiter
+    calls = {"n": 0}
+    lock = threading.Lock()
+
+    class StorageGone(ConnectionError):
+        pass
+
+    def open_failing(*args: Any, **kwargs: Any) -> Any:
+        limiter = opened(*args, **kwargs)
+        acquire = limiter.acquire
+
+        def failing_acquire(*a: Any, **kw: Any) -> Any:
+            with lock:
+                calls["n"] += 1
+                n = calls["n"]
+            if n == 3:
+                raise StorageGone("the rate limit's storage is unreachable")
+            return acquire(*a, **kw)
+
+        limiter.acquire = failing_acquire
+        return limiter
+
+    monkeypatch.setattr(run_module, "open_limiter", open_failing)
+
+    def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        ctx.record_usage("test:model", input_tokens=1, output_tokens=1, cost_usd=0.0)
+        return {"out": item["id"]}
+
+    log = open_log(tmp_path, "slot-error")
+    report = run_items(
+        log,
+        make_items(12),
+        process,
+        concurrency=4,
+        budget_tokens=10**9,
+        rate_limit=RateLimit(key="slot-error", requests_per_minute=10**6),
+        max_repeated_failures=None,
+    )
+    assert len(report.failed) == 1 and len(report.processed) == 11
+    (failed,) = report.failed
+    (row,) = log.failures(failed)
+    assert (row.error_type, row.message) == ("StorageGone", "the rate limit's storage is unreachable")
+    summary = status_of(log, make_items(12))
+    assert (summary["completed"], summary["failed_items"]) == (11, 1)
