@@ -25,7 +25,7 @@ from airflow_provider_datagen.core.runner.attempts import call_step_async, takes
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem
 from airflow_provider_datagen.core.runner.failures import CHUNK_STOPS
 from airflow_provider_datagen.core.runner.interpreter import COMPLETED, guarded
-from airflow_provider_datagen.core.runner.jobs import RootJob, RootJobs, root_jobs
+from airflow_provider_datagen.core.runner.jobs import RootJob, RootJobs
 from airflow_provider_datagen.core.runner.signals import RunEnded
 
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ def run_async(
 ) -> None:
     """``run_items`` for a one-step async process: every item through :class:`AsyncDriver` on a new event loop."""
     driver = AsyncDriver(runner, concurrency, tick)
-    run_coroutine(driver.run(root_jobs(runner, writer, replays, restart, by_id, plan)))
+    run_coroutine(driver.run(RootJobs(runner, writer, replays, restart, by_id, plan)))
 
 
 def run_coroutine(main: Coroutine[Any, Any, None]) -> None:

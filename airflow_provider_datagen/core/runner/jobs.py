@@ -107,17 +107,3 @@ class RootJobs:
                     self._out += 1
                 yield RootJob(by_id[iid], None, iid in replayed_restarts, iid in last_seq, lazy)
         self._pull, self._out = [], 0
-
-
-def root_jobs(
-    runner: Committer,
-    writer: LogWriter,
-    replays: Iterable[tuple[SourceItem, ItemState]],
-    restart: list[str],
-    by_id: dict[str, SourceItem],
-    plan: ResumePlan,
-    *,
-    interval: float | None = None,
-) -> RootJobs:
-    """:class:`RootJobs` over the plan's replays and pulls."""
-    return RootJobs(runner, writer, replays, restart, by_id, plan, interval=interval)

@@ -21,7 +21,7 @@ from airflow_provider_datagen.core.runner.config import RUN_OPTIONS, RunConfig
 from airflow_provider_datagen.core.runner.driver import Runner, run_sequential
 from airflow_provider_datagen.core.runner.failures import DEFAULT_MAX_REPEATED_FAILURES
 from airflow_provider_datagen.core.runner.interpreter import has_async, has_fanout
-from airflow_provider_datagen.core.runner.jobs import root_jobs
+from airflow_provider_datagen.core.runner.jobs import RootJobs
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import DEFAULT_GROUP_SECONDS, RunShared
 from airflow_provider_datagen.core.runner.threads import run_pulls_concurrently
@@ -292,7 +292,7 @@ def _drive(
     else:
         # the pulls adapt to the run's time bound as it started (a budget's last stretch shortens the
         # commit interval, not the pull size's clock)
-        jobs = root_jobs(runner, writer, replays, restart, by_id, plan, interval=config.group_interval)
+        jobs = RootJobs(runner, writer, replays, restart, by_id, plan, interval=config.group_interval)
         run_sequential(runner, jobs, tick)
 
 

@@ -20,7 +20,7 @@ from airflow_provider_datagen.core.runner.attempts import takes_request_slots
 from airflow_provider_datagen.core.runner.context import NO_FIELDS, ItemContext, WorkItem, loaded_fields
 from airflow_provider_datagen.core.runner.failures import CHUNK_STOPS, on_failure
 from airflow_provider_datagen.core.runner.interpreter import ChildJob, Interpreter, guarded
-from airflow_provider_datagen.core.runner.jobs import RootJob, RootJobs, root_jobs
+from airflow_provider_datagen.core.runner.jobs import RootJob, RootJobs
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.runner.shared import FlushRequest
 from airflow_provider_datagen.core.runner.signals import RunEnded, StepFailure
@@ -578,7 +578,7 @@ def run_pulls_concurrently(
     # The child pool and permits stay in the shared state after the run: a worker still finishing
     # when the run ended must find the pool it started with (shut down), never a sequential fallback.
     try:
-        run_concurrent(runner, pool, concurrency, root_jobs(runner, writer, replays, restart, by_id, plan), tick)
+        run_concurrent(runner, pool, concurrency, RootJobs(runner, writer, replays, restart, by_id, plan), tick)
     except BaseException:
         # in-flight items are not acknowledged (they replay next run); their threads end on their own
         for p in pools:
