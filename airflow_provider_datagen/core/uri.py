@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-FILE_SCHEME = "file"
 _SEP = "://"
+_FILE = "file://"
 
 
 def has_scheme(uri: str) -> bool:
@@ -27,9 +27,9 @@ def scheme_of(uri: Any) -> str | None:
 
 def is_local(uri: str) -> bool:
     """Whether ``uri`` is a local path (plain or ``file://``) rather than an object-store URI."""
-    return _SEP not in uri or uri.startswith("file://")
+    return _SEP not in uri or uri.startswith(_FILE)
 
 
 def local_path(uri: str) -> str:
     """The filesystem path of a local ``uri``."""
-    return uri[len("file://") :] if uri.startswith("file://") else uri
+    return uri[len(_FILE) :] if uri.startswith(_FILE) else uri
