@@ -101,11 +101,15 @@ def test_sensor_returns_folded_status_in_every_mode(
 def test_sensor_waits_until_items_complete(run_dag_file: Callable[..., Any], mode: str, deferrable: bool) -> None:
     exp = f"later{mode}{int(deferrable)}"
     items = _items(4)
-    run_items(_log(exp), items[:2], _ok)
+    # The thread's log is opened here, before any task runs: a hook called from another thread while
+    # dag.test() runs a task in this process would share that task's supervisor channel.
+    later = _log(exp)
+    run_items(later, items[:2], _ok)
+    finished: list[object] = []
 
     def finish() -> None:
         time.sleep(3)
-        run_items(_log(exp), items, _ok, epoch=2)
+        finished.append(run_items(later, items, _ok, epoch=2))
 
     t = threading.Thread(target=finish)
     t.start()
@@ -114,7 +118,8 @@ def test_sensor_waits_until_items_complete(run_dag_file: Callable[..., Any], mod
     # With the source given, the two never-started items count as pending until the thread runs them.
     run = run_dag_file(_dag(dag_id, exp, mode=mode, deferrable=deferrable, source=items), dag_id)
     t.join()
-    assert run.state == "success"
+    assert finished, "the thread's run ended with an error"
+    assert run.state == "success", run.error("wait")
     assert time.monotonic() - started >= 2.5
     assert run.xcom("wait")["completed"] == 4
 
@@ -143,10 +148,12 @@ def test_sensor_with_allow_missing_waits_for_the_experiment_to_be_created(
     run_dag_file: Callable[..., Any], mode: str, deferrable: bool
 ) -> None:
     exp = f"created{mode}{int(deferrable)}"
+    later = _log(exp)  # opened before any task runs, as in the test above; opening creates nothing
+    created: list[object] = []
 
     def create() -> None:
         time.sleep(3)
-        run_items(_log(exp), _items(3), _ok)
+        created.append(run_items(later, _items(3), _ok))
 
     t = threading.Thread(target=create)
     t.start()
@@ -157,7 +164,8 @@ def test_sensor_with_allow_missing_waits_for_the_experiment_to_be_created(
         dag_id,
     )
     t.join()
-    assert run.state == "success"
+    assert created, "the thread's run ended with an error"
+    assert run.state == "success", run.error("wait")
     assert run.xcom("wait")["completed"] == 3
 
 
