@@ -50,8 +50,10 @@ format: $(STAMP)
 	$(BIN)/ruff format $(SOURCES)
 
 # pytest exits 5 when it collects nothing; make treats that as a failure, so "no tests" never passes.
+# Two phases (dev/test_suite.py): everything but the end-to-end tests on two xdist workers, then the end-to-end
+# tests alone and serial (their stacks never share the cores with another stack or with the rest).
 test: $(STAMP) chromium redis postgres lint docs
-	DATAGEN_HYPOTHESIS_PROFILE=full $(BIN)/python -m pytest -ra --durations=30 $(PYTEST_ARGS)
+	DATAGEN_HYPOTHESIS_PROFILE=full $(BIN)/python -m dev.test_suite $(PYTEST_ARGS)
 
 # Everything but the end-to-end (celery included) and slow tests (no Airflow components, no long crash schedules).
 unit: $(STAMP) redis
