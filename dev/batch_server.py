@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import re
 import signal
 import threading
@@ -273,8 +274,6 @@ class FakeBatchServer:
         """``rows`` in the order the results list them: as submitted, or seeded-shuffled."""
         if not self.shuffle_results:
             return rows
-        import random
-
         shuffled = list(rows)
         random.Random(f"{self.seed}:{batch.id}").shuffle(shuffled)
         return shuffled

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import anthropic
@@ -282,3 +287,36 @@ def test_the_process_form_serves_until_stopped_by_its_pid(tmp_path: Path) -> Non
     assert not pid_process.alive()
     saved = json.loads((server.state_dir / "state.json").read_text())
     assert saved["batches"][0]["id"] == batch_id and saved["creates"] == 1
+
+
+_CLIENT = """
+import sys, openai
+client = openai.OpenAI(api_key="test", base_url=sys.argv[1], max_retries=0)
+uploaded = client.files.create(file=("in.jsonl", sys.stdin.buffer.read()), purpose="batch")
+client.batches.create(
+    input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"run": "killed"}
+)
+"""
+
+
+def test_a_client_killed_inside_create_leaves_its_batch_at_the_process_server(tmp_path: Path) -> None:
+    with BatchServerProcess(tmp_path, "--create-delay", "60") as server:  # ended by its stop, never waited out
+        client = subprocess.Popen(
+            [sys.executable, "-c", _CLIENT, server.base_url], stdin=subprocess.PIPE, start_new_session=True
+        )
+        try:
+            assert client.stdin is not None
+            client.stdin.write(_jsonl({"item1-s1": _chat("x"), "item2-s1": _chat("y")}))
+            client.stdin.close()
+            deadline = time.monotonic() + 60
+            while server.state()["creates"] == 0:
+                assert client.poll() is None and time.monotonic() < deadline, "the client never reached create"
+                time.sleep(0.05)
+        finally:
+            os.kill(client.pid, signal.SIGKILL)  # by its own PID, also when the wait above failed
+        assert client.wait(timeout=30) == -signal.SIGKILL
+
+        server.configure(create_delay=0)
+        listed = openai.OpenAI(api_key="test", base_url=server.base_url).batches.list()
+        assert [(b.metadata, b.request_counts.total) for b in listed] == [({"run": "killed"}, 2)]  # type: ignore[union-attr]
+        assert server.state()["requests_per_custom_id_base"] == {"item1": 1, "item2": 1}

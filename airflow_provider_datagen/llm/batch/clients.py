@@ -1,4 +1,4 @@
-"""The two :class:`~airflow_provider_datagen.core.batch.protocol.BatchClient`\\ s, on the official sync SDKs.
+"""The batch clients of OpenAI and Anthropic (core/batch/protocol.py's ``BatchClient``) on the official sync SDKs.
 
 :class:`OpenAIBatchClient` speaks OpenAI's Batch API (an uploaded JSONL file, ``/v1/chat/completions``
 rows), :class:`AnthropicBatchClient` Anthropic's Message Batches (requests inline in the create call).
