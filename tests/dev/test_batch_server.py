@@ -90,6 +90,8 @@ def test_openai_batch_runs_as_it_is_retrieved_and_answers_each_row(fake: FakeBat
     assert body["model"] == "gpt-test" and body["choices"][0]["message"]["content"] == "echo: hello 1"
     assert body["usage"]["prompt_tokens"] == 12 and body["usage"]["completion_tokens"] == len("echo: hello 1") // 4 + 1
     assert fake.requests_per_custom_id_base == {f"item{i}": 1 for i in range(4)}
+    uploaded = client.files.retrieve(done.input_file_id)
+    assert (uploaded.purpose, uploaded.bytes) == ("batch", len(fake.files[done.input_file_id][1]))
     assert [(b.provider, b.metadata, b.row_count) for b in fake.batches] == [("openai", {"run": "r1"}, 4)]
 
 
