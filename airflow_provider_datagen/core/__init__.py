@@ -146,9 +146,9 @@ __all__ = [
     "read_source",
     "results_fingerprint",
     "root_item_id",
+    "run_batch",
     "run_items",
     "status_of",
-    "run_batch",
 ]
 
 
