@@ -29,13 +29,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.events import StepCoord
+from airflow_provider_datagen.core.ids import check_field_name
 from airflow_provider_datagen.core.ledger.pricing import price_usd
 from airflow_provider_datagen.core.ledger.records import attempt_entries, usage_record
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.schema import ItemStatus, StepKind
 from airflow_provider_datagen.core.sources import SourceItem, prepare_items
 from airflow_provider_datagen.core.store import batches
-from airflow_provider_datagen.exceptions import BatchRowError, ConfigurationError, DatagenError, bad_argument
+from airflow_provider_datagen.exceptions import (
+    BatchRowError,
+    ConfigurationError,
+    DatagenError,
+    OutputValidationError,
+    bad_argument,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -139,6 +146,11 @@ class BatchRun:
         self.report = BatchReport()
         #: submissions this run made per item (a row that did not succeed counts; a prompt error too)
         self.submitted: dict[str, int] = {}
+        #: items that failed for good in this run (attempts spent, an invalid answer, a prompt that cannot
+        #: render): never submitted again by this run (a rerun resubmits them)
+        self.given_up: set[str] = set()
+        #: the report's processed and skipped items, for membership tests
+        self._reported: set[str] = set()
 
     # --- one round --------------------------------------------------------------------------------
 
@@ -265,13 +277,14 @@ class BatchRun:
                 usage = self._usage(row)
                 try:
                     fields = self.step.fields(row)
+                    for name in fields:  # an answer's keys become field names: one the log refuses fails alone
+                        check_field_name(name, OutputValidationError, f"row {cid}'s answer gives")
                 except DatagenError as exc:
                     # paid for, but not an answer: the item fails with the usage it cost
                     b.failed(
                         item.item_id, error=exc, at=StepCoord(step=step_name), attempt=attempt, usage=usage, batch=where
                     )
-                    report.failed.append(item.item_id)
-                    report.errors[item.item_id] = f"{type(exc).__name__}: {exc}"
+                    self._give_up(item.item_id, exc)
                     continue
                 for name, value in fields.items():
                     b.field_set(item.item_id, name, value, step=step_name)
@@ -279,6 +292,7 @@ class BatchRun:
                 b.step_completed(item.item_id, step=step_name, step_kind=StepKind.STEP.value, value=value)
                 b.terminal(item.item_id)
                 report.processed.append(item.item_id)
+                self._reported.add(item.item_id)
         report.commits += 1
 
     def _usage(self, row: RowResult) -> list[dict[str, Any]]:
@@ -300,8 +314,14 @@ class BatchRun:
             batch=where,
         )
         if not transient:
-            self.report.failed.append(item.item_id)
-            self.report.errors[item.item_id] = f"{type(err).__name__}: {err}"
+            self._give_up(item.item_id, err)
+
+    def _give_up(self, item_id: str, err: BaseException) -> None:
+        """``item_id`` failed for good in this run: reported once, and not submitted again by it."""
+        if item_id not in self.given_up:
+            self.given_up.add(item_id)
+            self.report.failed.append(item_id)
+        self.report.errors[item_id] = f"{type(err).__name__}: {err}"
 
     def _fail_rows(self, sub: batches.Submission, cids: Iterable[str], why: str) -> None:
         with self.writer.batch() as b:
@@ -325,10 +345,11 @@ class BatchRun:
                 continue
             same = state is not None and state.input_fingerprint == it.fingerprint
             if same and state is not None and state.status in _DONE:
-                if it.item_id not in self.report.processed and it.item_id not in self.report.skipped:
+                if it.item_id not in self._reported:
                     self.report.skipped.append(it.item_id)
+                    self._reported.add(it.item_id)
                 continue
-            if self.submitted.get(it.item_id, 0) >= self.max_attempts:
+            if it.item_id in self.given_up or self.submitted.get(it.item_id, 0) >= self.max_attempts:
                 continue  # failed this run: a rerun resubmits it
             fresh = not (
                 same
@@ -356,8 +377,7 @@ class BatchRun:
                     line = self.step.request(it.data, it.item_id, cid)
                 except DatagenError as exc:  # a prompt the item cannot render: it fails alone, never sent
                     b.failed(it.item_id, error=exc, at=StepCoord(step=self.step.step_name), attempt=attempt)
-                    self.report.failed.append(it.item_id)
-                    self.report.errors[it.item_id] = f"{type(exc).__name__}: {exc}"
+                    self._give_up(it.item_id, exc)
                     continue
                 lines.append((it, line, fresh))
         for group in self._split(client, lines):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -29,9 +29,15 @@ from airflow_provider_datagen.core.store.paths import experiment_uri
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from airflow_provider_datagen.core.store.projection import Located
-
 BATCHES_DIR = "batches.lance"
+
+
+class Located(Protocol):
+    """Where the experiment's log is: all the submissions record needs of it (a ``CheckpointLog`` is one)."""
+
+    uri: str
+    storage_options: dict[str, str] | None
+
 
 INTENT = "intent"
 SUBMITTED = "submitted"
