@@ -304,7 +304,9 @@ class BatchRun:
     def _stage_failure(
         self, b: Any, item: SourceItem, attempt: int, err: BaseException, where: Mapping[str, str]
     ) -> None:
-        transient = self.submitted.get(item.item_id, attempt) < self.max_attempts
+        # a row of a batch an earlier process submitted (re-attached, re-read) counts as this run's first
+        # submission of the item: a resumed run spends no more than retry.attempts on it either
+        transient = self.submitted.setdefault(item.item_id, 1) < self.max_attempts
         b.failed(
             item.item_id,
             error=err,

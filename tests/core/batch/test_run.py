@@ -490,3 +490,53 @@ def test_bad_arguments_are_refused_naming_the_parameter(
     with pytest.raises(ValueError, match=param):
         run_b(checkpoint_log(), make_items(1), openai_step(fake.base_url), **{param: value})
     assert fake.creates == 0
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_rows_of_a_cancelled_batch_that_never_ran_are_resubmitted(
+    fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog], provider: str
+) -> None:
+    fake.complete_after_polls = 4  # a quarter of the rows run per retrieve
+    items = make_items(8)
+    log = checkpoint_log()
+    step = openai_step(fake.base_url) if provider == "openai" else anthropic_step(fake.anthropic_base_url)
+    first = BatchRun(log, items, step, processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    client = step.client()
+    try:
+        (sub,) = first.advance(client)  # submitted
+        assert first.poll(client, [sub]) is False  # polled once: 2 rows ran
+        assert sub.batch_id is not None
+        client.cancel(sub.batch_id)
+    finally:
+        client.close()
+    fake.complete_after_polls = 0
+    report = run_b(log, items, step, retry=RetryPolicy(attempts=2))
+    assert len(report.processed) == 8 and report.failed == []
+    assert [b.row_count for b in fake.batches] == [8, 6]
+    ran = {custom_id_base(r.custom_id) for r in fake.batches[0].rows if r.outcome == "succeeded"}
+    assert len(ran) == 2
+    assert sorted(fake.batches[1].custom_ids) == sorted(f"{b}-2" for b in set(bases(items).values()) - ran)
+    cancelled = next(i for i, b in bases(items).items() if b not in ran)
+    (failure,) = log.failures(cancelled)
+    assert failure.transient is True and " cancelled: " in failure.message
+    assert log.usage()["calls"] == 8
+
+
+def test_a_run_resuming_a_crashed_runs_batch_spends_no_more_than_retry_attempts(
+    fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]
+) -> None:
+    items = make_items(3)
+    doomed = bases(items)["i00001"]
+    fake.errored = lambda cid: custom_id_base(cid) == doomed
+    log = checkpoint_log()
+    step = openai_step(fake.base_url)
+    crashed = BatchRun(log, items, step, processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    client = step.client()
+    try:
+        crashed.advance(client)  # submitted, then the process is gone
+    finally:
+        client.close()
+    report = run_b(log, items, step, retry=RetryPolicy(attempts=2))
+    # the re-read batch was this item's first submission: one resubmission, then it fails
+    assert report.failed == ["i00001"] and fake.requests_per_custom_id_base[doomed] == 2
+    assert [f.transient for f in log.failures("i00001")] == [True, False]
