@@ -273,6 +273,10 @@ class DatagenBatchOperator(DatagenBaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         step = resolve_batch_step(self, self.process)  # before anything is read or written
         event_log = self.get_log()
+        if self.budget_usd is not None or self.budget_tokens is not None:
+            # recorded on the log as the map task records it: the UI shows it and the status sensor
+            # reads a stop at it (BatchRun only checks it)
+            event_log.set_budget(self.budget_usd, self.budget_tokens)
         epoch = event_log.next_epoch()
         self.log.info("writer %s epoch %d (try %d)", _writer_id(context), epoch, _try_number(context))
         return self._rounds(context, step, event_log, _Carry(epoch=epoch))

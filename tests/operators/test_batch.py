@@ -197,6 +197,20 @@ def test_rows_that_keep_erroring_fail_the_task_after_their_attempts(
     assert batch_log("batch_giveup").summary()["completed"] == 10 - len(failing)
 
 
+def test_a_budget_reached_by_one_chunk_skips_the_next_without_submitting(
+    run_dag_file: Callable[..., Any], fake: FakeBatchServer
+) -> None:
+    run = run_dag_file(batch_dag("batch_budget", fake=fake, extra=", budget_usd=1e-9"), "batch_budget")
+    states = {run.states()[("generate", i)] for i in (0, 1)}
+    assert states == {"success", "skipped"}, run.task_errors
+    assert fake.creates == 1  # the first chunk's batch spent the budget: the second submitted nothing
+    skipped = next(i for i in (0, 1) if run.states()[("generate", i)] == "skipped")
+    report = run.xcom("generate", key="datagen_report", map_index=skipped)
+    assert report["stopped_by_budget"] is True and report["processed"] == 0
+    assert batch_log("batch_budget").budget()["budget_usd"] == 1e-9
+    assert batch_log("batch_budget").summary()["completed"] == 5
+
+
 def test_a_process_path_naming_no_module_fails_before_any_write(
     run_dag_file: Callable[..., Any], fake: FakeBatchServer
 ) -> None:
