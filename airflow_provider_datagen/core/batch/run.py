@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from airflow_provider_datagen.core.schema import ItemStatus, StepKind
 from airflow_provider_datagen.core.sources import SourceItem, prepare_items
 from airflow_provider_datagen.core.store import batches
 from airflow_provider_datagen.exceptions import (
+    BatchAPIError,
     BatchRowError,
     ConfigurationError,
     DatagenError,
@@ -98,7 +100,12 @@ def attempt_of(cid: str) -> int:
 
 
 def _submission_key(log_uri: str, custom_ids: Sequence[str]) -> str:
-    return hashlib.sha256("\n".join([log_uri, *sorted(custom_ids)]).encode()).hexdigest()[:32]
+    """A new submission's key, unique: the intent row records it before the provider is asked, so a
+    re-attach reads it back. Not a digest of the custom_ids alone: a new generation of the same items
+    (a new step version after they failed) asks the same custom_ids again, and a key equal to the
+    earlier, closed submission's would fold the new one into it (never polled, never recorded)."""
+    nonce = uuid.uuid4().hex
+    return hashlib.sha256("\n".join([log_uri, nonce, *sorted(custom_ids)]).encode()).hexdigest()[:32]
 
 
 class BatchRun:
@@ -158,7 +165,8 @@ class BatchRun:
         """One round (see the module doc); the submissions of these items still open after it."""
         for sub in self._ours(batches.open_submissions(self.log)):
             self._move_on(client, sub)
-        self._submit_pending(client)
+        while self._submit_pending(client):
+            pass  # a batch the provider refused: its rows, attempts left, go in the next one
         still = self._ours(batches.open_submissions(self.log))
         self.report.in_batch = sum(len(s.item_ids) for s in still)
         return still
@@ -217,12 +225,27 @@ class BatchRun:
             batch_id = found
         else:
             lines = [self._line(cid) for cid in sub.custom_ids]
-            batch_id = client.submit(
-                [ln for ln in lines if ln is not None], metadata=self._metadata(sub.submission_key)
-            )
+            try:
+                batch_id = client.submit(
+                    [ln for ln in lines if ln is not None], metadata=self._metadata(sub.submission_key)
+                )
+            except BatchAPIError as exc:
+                if not _refused_input(exc):
+                    raise
+                self._refused(sub, exc)
+                return
         batches.append(self.log, [self._row(sub, batches.SUBMITTED, batch_id=batch_id)])
         sub.batch_id, sub.kind = batch_id, batches.SUBMITTED
         self.report.batches.append(batch_id)
+
+    def _refused(self, sub: batches.Submission, exc: BatchAPIError) -> None:
+        """The provider refused the batch's input at create (Anthropic validates there): closed as failed,
+        each row a failed attempt of its item (resubmitted while attempts are left), not an open intent
+        every later run would submit again and see refused again."""
+        logger.warning("the provider refused submission %s: %s", sub.submission_key, exc)
+        batches.append(self.log, [self._row(sub, batches.FAILED, status="refused")])
+        sub.kind, sub.status = batches.FAILED, "refused"
+        self._fail_rows(sub, sub.custom_ids, f"the provider refused the batch: {exc}")
 
     def _line(self, cid: str) -> RequestLine | None:
         item = self.by_base.get(cid.rsplit("-", 1)[0])
@@ -337,7 +360,8 @@ class BatchRun:
 
     # --- submitting -------------------------------------------------------------------------------
 
-    def _submit_pending(self, client: BatchClient) -> None:
+    def _submit_pending(self, client: BatchClient) -> bool:
+        """Submit the pending items; whether the provider refused a batch of them (they may be pending again)."""
         open_ids = {i for s in self._ours(batches.open_submissions(self.log)) for i in s.item_ids}
         states = self.log.item_states([it.item_id for it in self.items])
         todo: list[tuple[SourceItem, int, bool]] = []  # (item, attempt, new generation)
@@ -362,10 +386,10 @@ class BatchRun:
             attempt = 1 if fresh or state is None else state.failures + state.retries + 1
             todo.append((it, attempt, fresh))
         if not todo:
-            return
+            return False
         todo = todo[: self._affordable(len(todo))]
         if not todo:
-            return
+            return False
         lines: list[tuple[SourceItem, RequestLine, bool]] = []
         with self.writer.batch() as b:
             for it, attempt, fresh in todo:
@@ -382,8 +406,10 @@ class BatchRun:
                     self._give_up(it.item_id, exc)
                     continue
                 lines.append((it, line, fresh))
+        refused = False
         for group in self._split(client, lines):
-            self._submit(client, group)
+            refused = not self._submit(client, group) or refused
+        return refused
 
     def _split(
         self, client: BatchClient, lines: list[tuple[SourceItem, RequestLine, bool]]
@@ -411,17 +437,25 @@ class BatchRun:
             groups.append(cur)
         return groups
 
-    def _submit(self, client: BatchClient, group: list[tuple[SourceItem, RequestLine, bool]]) -> None:
+    def _submit(self, client: BatchClient, group: list[tuple[SourceItem, RequestLine, bool]]) -> bool:
+        """Submit one batch of ``group``; False when the provider refused it (its rows failed)."""
         cids = [line.custom_id for _, line, _ in group]
         key = _submission_key(self.log.uri, cids)
         sub = batches.Submission(
             key, provider=client.provider, custom_ids=cids, item_ids=[it.item_id for it, _, _ in group]
         )
         batches.append(self.log, [self._row(sub, batches.INTENT, custom_ids=cids, item_ids=sub.item_ids)])
-        batch_id = client.submit([line for _, line, _ in group], metadata=self._metadata(key))
+        try:
+            batch_id = client.submit([line for _, line, _ in group], metadata=self._metadata(key))
+        except BatchAPIError as exc:
+            if not _refused_input(exc):
+                raise
+            self._refused(sub, exc)
+            return False
         batches.append(self.log, [self._row(sub, batches.SUBMITTED, batch_id=batch_id)])
         self.report.batches.append(batch_id)
         logger.info("submitted batch %s: %d requests (submission %s)", batch_id, len(cids), key)
+        return True
 
     def _affordable(self, wanted: int) -> int:
         """How many of ``wanted`` items the budget lets one submission hold (all without a budget)."""
@@ -465,6 +499,12 @@ class BatchRun:
             "writer_epoch": self.writer.epoch,
             **extra,
         }
+
+
+def _refused_input(exc: BatchAPIError) -> bool:
+    """Whether the provider refused what the batch holds (HTTP 400, 413, 422), rather than the call
+    itself (a bad key, a missing permission): those fail the rows; the others end the run."""
+    return getattr(exc.__cause__, "status_code", None) in (400, 413, 422)
 
 
 def _recorded(state: ItemState | None, item: SourceItem, attempt: int) -> bool:

@@ -540,3 +540,55 @@ def test_a_run_resuming_a_crashed_runs_batch_spends_no_more_than_retry_attempts(
     # the re-read batch was this item's first submission: one resubmission, then it fails
     assert report.failed == ["i00001"] and fake.requests_per_custom_id_base[doomed] == 2
     assert [f.transient for f in log.failures("i00001")] == [True, False]
+
+
+def test_a_new_step_version_resubmits_failed_items_in_a_submission_of_its_own(
+    fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]
+) -> None:
+    # The same items at the same attempt (a new generation starts at attempt 1) ask the same custom_ids:
+    # their submission must still be a new one, polled and recorded (not folded into the closed one).
+    items = make_items(3)
+    fake.errored = lambda cid: True
+    log = checkpoint_log()
+    first = run_b(log, items, openai_step(fake.base_url))
+    assert sorted(first.failed) == ["i00000", "i00001", "i00002"]
+    fake.errored = lambda cid: False
+    edited = openai_step(fake.base_url, prompt="Now say: {{ text }}")
+    report = run_b(log, items, edited)
+    assert sorted(report.processed) == ["i00000", "i00001", "i00002"] and fake.creates == 2
+    assert fake.batches[0].custom_ids == fake.batches[1].custom_ids
+    assert report.batches == [fake.batches[1].id]
+    assert log.item_states(["i00000"])["i00000"].fields == {"output": "echo: Now say: hello 00000"}
+    assert len(batches.read(log)) == 2 and batches.open_submissions(log) == []
+
+
+def test_a_batch_the_provider_refuses_at_create_fails_its_rows_and_is_not_an_open_intent(
+    fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]
+) -> None:
+    # Anthropic validates a message batch at create: a refused one never exists (HTTP 400)
+    refusals = [1]
+
+    def refuse_once(batch: Any) -> str | None:
+        if refusals:
+            refusals.pop()
+            return "requests.0.params: max_tokens: too large"
+        return None
+
+    fake.fail_batch = refuse_once
+    items = make_items(3)
+    log = checkpoint_log()
+    step = anthropic_step(fake.anthropic_base_url)
+    report = run_b(log, items, step, retry=RetryPolicy(attempts=2))
+    assert len(report.processed) == 3 and report.failed == [] and fake.creates == 2
+    (failure,) = log.failures("i00000")
+    assert failure.transient is True and failure.error_type == "BatchRowError"
+    assert "the provider refused the batch: anthropic refused the creation of a message batch" in failure.message
+    assert "HTTP 400" in failure.message and "max_tokens: too large" in failure.message
+    assert sorted(s.kind for s in batches.read(log).values()) == [batches.FAILED, batches.RECORDED]
+
+    # without attempts left the items fail, and a rerun submits them again
+    refusals.append(1)
+    other = make_items(2, prefix="o")
+    failed = run_b(log, other, step)
+    assert sorted(failed.failed) == ["o00000", "o00001"] and batches.open_submissions(log) == []
+    assert len(run_b(log, other, step).processed) == 2
