@@ -6,7 +6,9 @@ A round (:meth:`BatchRun.advance`) does, in order:
    create) is re-attached by the key its batch carries in its metadata, or submitted again where the
    provider keeps none; a running one is polled; an ended one has its rows recorded in the log;
 2. the items still pending (not done, not in an open batch, attempts left) are submitted, split at the
-   provider's limits and the step's, unless the budget is reached.
+   provider's limits and the step's, unless the budget is reached. Each submission has a key of its own
+   (recorded before the provider is asked); a batch the provider refuses at create (its input) is
+   closed as failed, each row a failed attempt, as a batch the provider fails whole.
 
 A row that succeeded completes its item with its fields and usage in one checkpoint, priced at the batch
 price; a row that errored, expired or was cancelled is a FAILED row of that attempt (transient while

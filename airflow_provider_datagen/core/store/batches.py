@@ -2,7 +2,7 @@
 
 A batch run (:mod:`airflow_provider_datagen.core.batch`) writes one row per step of a submission's life:
 
-- ``intent``: before the provider is asked, the submission's deterministic ``submission_key``, its
+- ``intent``: before the provider is asked, the submission's unique ``submission_key``, its
   ``custom_ids`` and ``item_ids`` (a crash after this row and before ``submitted`` is re-attached by the
   key the batch carries in its metadata, or submitted again where the provider keeps none);
 - ``submitted``: the provider accepted it, with its ``batch_id``;
