@@ -592,3 +592,19 @@ def test_a_batch_the_provider_refuses_at_create_fails_its_rows_and_is_not_an_ope
     failed = run_b(log, other, step)
     assert sorted(failed.failed) == ["o00000", "o00001"] and batches.open_submissions(log) == []
     assert len(run_b(log, other, step).processed) == 2
+
+
+def test_run_batch_sleeps_poll_interval_between_polls_until_the_batch_ends(
+    fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]
+) -> None:
+    fake.complete_after_polls = 3
+    slept: list[float] = []
+    report = run_b(checkpoint_log(), make_items(3), openai_step(fake.base_url), poll_interval=7.5, sleep=slept.append)
+    assert slept == [7.5, 7.5]
+    assert fake.batches[0].polls == 4  # three polls, and the retrieve that reads its result files
+    assert len(report.processed) == 3 and report.in_batch == 0
+
+
+def test_no_items_submit_nothing(fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]) -> None:
+    report = run_b(checkpoint_log(), [], openai_step(fake.base_url))
+    assert report.batches == [] and report.processed == [] and fake.creates == 0
