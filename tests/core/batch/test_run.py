@@ -608,3 +608,21 @@ def test_run_batch_sleeps_poll_interval_between_polls_until_the_batch_ends(
 def test_no_items_submit_nothing(fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]) -> None:
     report = run_b(checkpoint_log(), [], openai_step(fake.base_url))
     assert report.batches == [] and report.processed == [] and fake.creates == 0
+
+
+def test_the_budget_is_checked_again_before_a_resubmission(
+    fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]
+) -> None:
+    items = make_items(10)
+    base = bases(items)
+    fake.errored = lambda cid: cid.endswith("-1") and custom_id_base(cid) in {base["i00002"], base["i00007"]}
+    probe = checkpoint_log("probe")
+    run_b(probe, make_items(1, prefix="p"), openai_step(fake.base_url))
+    per_item = probe.usage()["cost_usd"]  # every item costs the same
+    log = checkpoint_log()
+    report = run_b(log, items, openai_step(fake.base_url), retry=RetryPolicy(attempts=2), budget_usd=8 * per_item)
+    # nothing known at first: all ten go; then 8 items' cost is the whole budget: the two are held back
+    assert [b.row_count for b in fake.batches] == [1, 10]
+    assert report.stopped_by_budget is True and len(report.processed) == 8 and report.failed == []
+    assert [f.transient for f in log.failures("i00002")] == [True]
+    assert log.summary()["completed"] == 8
