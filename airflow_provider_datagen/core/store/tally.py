@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
     import lance
 
-    from airflow_provider_datagen.core.store.projection import Located
     from airflow_provider_datagen.core.store.table import LanceTable
 
 #: The projection columns a tally counts.
@@ -93,7 +92,7 @@ def finish(log: LogReads, status: dict[str, Any], *, whole_log: bool) -> dict[st
     return status
 
 
-def in_batch(log: Located) -> int:
+def in_batch(log: batches.Located) -> int:
     """Items of the experiment's open batch submissions: submitted to a provider and not yet back."""
     return len({iid for sub in batches.open_submissions(log) for iid in sub.item_ids})
 
