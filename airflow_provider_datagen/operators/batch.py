@@ -108,7 +108,10 @@ class _Carry:
 
     def add(self, run: BatchRun) -> None:
         report = run.report
-        self.submitted = dict(run.submitted)
+        # Only the items submitted more than once: BatchRun counts an item it has no count of, whose row it
+        # reads, as submitted once, so the ones left out mean the same and the trigger's kwargs (the
+        # metadata DB) hold a few ids, not every item of a 50,000-item chunk.
+        self.submitted = {item_id: n for item_id, n in run.submitted.items() if n > 1}
         self.given_up = sorted(getattr(run, "given_up", ()))
         self.processed += len(report.processed)
         if self.skipped is None:
