@@ -36,9 +36,9 @@ from airflow_provider_datagen.core.fold import ItemState
 from airflow_provider_datagen.core.ids import check_field_name
 from airflow_provider_datagen.core.ledger.pricing import price_usd
 from airflow_provider_datagen.core.ledger.records import attempt_entries, usage_record
+from airflow_provider_datagen.core.planner import as_source
 from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.schema import ItemStatus, StepKind
-from airflow_provider_datagen.core.sources import SourceItem, prepare_items
 from airflow_provider_datagen.core.store import batches
 from airflow_provider_datagen.exceptions import (
     BatchAPIError,
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_datagen.core.batch.protocol import BatchClient, BatchStep, RequestLine, RowResult
     from airflow_provider_datagen.core.retry import RetryPolicy
+    from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.store.log import CheckpointLog
     from airflow_provider_datagen.core.store.writer import LogWriter
 
@@ -150,7 +151,8 @@ class BatchRun:
         self.max_attempts = retry.attempts if retry is not None else 1
         self.budget_usd = budget_usd
         self.budget_tokens = budget_tokens
-        self.items: list[SourceItem] = prepare_items(items, key_field)
+        # run_items's items: dicts, or the SourceItems a plan's chunk gives (core/chunks.chunk_items)
+        self.items: list[SourceItem] = as_source(items, key_field)
         self.by_id = {it.item_id: it for it in self.items}
         self.by_base = {custom_id(it.item_id, it.fingerprint, 0).rsplit("-", 1)[0]: it for it in self.items}
         self.writer: LogWriter = log.writer(writer_id, epoch, processor_version=processor_version)
