@@ -17,7 +17,7 @@ from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 from airflow_provider_datagen.exceptions import BatchAPIError, ConfigurationError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import REPORT_XCOM_KEY, DatagenBaseOperator, folded_status
-from airflow_provider_datagen.operators.map import _retry_dict
+from airflow_provider_datagen.operators.map import retry_dict
 from airflow_provider_datagen.operators.plan import check_budget_arguments, check_redo_completed_argument
 from airflow_provider_datagen.operators.process import PROCESS_PATH_RE
 from airflow_provider_datagen.triggers.batch import DatagenBatchTrigger, check_poll_interval
@@ -194,7 +194,7 @@ class DatagenBatchOperator(DatagenBaseOperator):
         if "poll_interval" in kwargs:
             kwargs["poll_interval"] = check_poll_interval(cls, kwargs["poll_interval"])
         if kwargs.get("retry") is not None:
-            kwargs["retry"] = _retry_dict(cls, kwargs["retry"])
+            kwargs["retry"] = retry_dict(cls, kwargs["retry"])
         if kwargs.get("budget_usd") is not None or kwargs.get("budget_tokens") is not None:
             kwargs["budget_usd"], kwargs["budget_tokens"] = check_budget_arguments(
                 cls,  # type: ignore[arg-type]  # the class names itself in the error, as an instance would
@@ -249,7 +249,7 @@ class DatagenBatchOperator(DatagenBaseOperator):
         self.source = source
         self.key_field = key_field
         #: the retry policy in its dict form (what Airflow serialises), or None
-        self.retry = _retry_dict(self, retry)
+        self.retry = retry_dict(self, retry)
         self.budget_usd, self.budget_tokens = check_budget_arguments(self, budget_usd, budget_tokens)
         self.poll_interval = check_poll_interval(self, poll_interval)
         if not isinstance(deferrable, bool):

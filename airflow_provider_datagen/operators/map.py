@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 _FAILED_SHOWN = 20
 
 
-def _retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
+def retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
     """``retry`` (a ``RetryPolicy``, its dict form or None) checked, in the dict form Airflow serialises."""
     if retry is None:
         return None
@@ -164,7 +164,7 @@ class DatagenMapOperator(DatagenBaseOperator):
             kwargs["map_index_template"] = cls._MAP_INDEX_TEMPLATE
         if kwargs.get("retry") is not None:
             # a mapped operator's __init__ runs only on the worker: check the policy when the DAG is parsed
-            kwargs["retry"] = _retry_dict(cls, kwargs["retry"])
+            kwargs["retry"] = retry_dict(cls, kwargs["retry"])
         if kwargs.get("rate_limit") is not None:
             kwargs["rate_limit"] = _rate_limit_dict(cls, kwargs["rate_limit"])
         if kwargs.get("budget_usd") is not None or kwargs.get("budget_tokens") is not None:
@@ -248,7 +248,7 @@ class DatagenMapOperator(DatagenBaseOperator):
         self.progress_interval = float(progress_interval)
         self.concurrency = check_positive_int(self, "concurrency", concurrency)
         #: the retry policy in its dict form (what Airflow serialises), or None
-        self.retry = _retry_dict(self, retry)
+        self.retry = retry_dict(self, retry)
         #: the rate limit in its dict form, or None
         self.rate_limit = _rate_limit_dict(self, rate_limit)
         self.budget_usd, self.budget_tokens = check_budget_arguments(self, budget_usd, budget_tokens)
