@@ -358,14 +358,11 @@ class DatagenBatchOperator(DatagenBaseOperator):
         # Deferred: core imports Lance, which DAG parsing must not pay for.
         from airflow_provider_datagen.core.batch import BatchRun
         from airflow_provider_datagen.core.retry import RetryPolicy
-        from airflow_provider_datagen.core.sources import SourceItem
 
         writer_id = _writer_id(context)
         run = BatchRun(
             event_log,
-            # BatchRun validates raw dicts only (prepare_items), where run_items also takes the prepared
-            # SourceItems chunk_items returns: hand it their dicts, which fingerprint the same
-            [it.data if isinstance(it, SourceItem) else it for it in items],
+            items,
             step,
             processor_version=processor_version,
             writer_id=writer_id,
@@ -374,10 +371,9 @@ class DatagenBatchOperator(DatagenBaseOperator):
             retry=RetryPolicy.from_dict(self.retry) if self.retry is not None else None,
             budget_usd=self.budget_usd,
             budget_tokens=self.budget_tokens,
+            # the task instance in every event, as the map task's (the failure lens shows them)
+            airflow=_coords(context),
         )
-        # BatchRun's writer carries no Airflow coordinates; the map task's events name their task
-        # instance (the failure lens shows them), so the batch task's do too.
-        run.writer = event_log.writer(writer_id, epoch, processor_version=processor_version, airflow=_coords(context))
         return run
 
     def _items(self, spec: ChunkSpec | None, step: BatchStep) -> tuple[list[Any], str, str]:

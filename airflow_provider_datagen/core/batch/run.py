@@ -122,6 +122,7 @@ class BatchRun:
     :param budget_usd: no submission once the experiment's recorded cost reaches it, and none holding
         more items than the rest covers at the mean cost of the items recorded so far.
     :param budget_tokens: the same for tokens.
+    :param airflow: the task instance's coordinates stored in every event (the operator's), as ``run_items``'s.
     """
 
     def __init__(
@@ -137,6 +138,7 @@ class BatchRun:
         retry: RetryPolicy | None = None,
         budget_usd: float | None = None,
         budget_tokens: int | None = None,
+        airflow: dict[str, Any] | None = None,
     ) -> None:
         for param, budget in (("budget_usd", budget_usd), ("budget_tokens", budget_tokens)):
             if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
@@ -155,7 +157,7 @@ class BatchRun:
         self.items: list[SourceItem] = as_source(items, key_field)
         self.by_id = {it.item_id: it for it in self.items}
         self.by_base = {custom_id(it.item_id, it.fingerprint, 0).rsplit("-", 1)[0]: it for it in self.items}
-        self.writer: LogWriter = log.writer(writer_id, epoch, processor_version=processor_version)
+        self.writer: LogWriter = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
         self.report = BatchReport()
         #: submissions this run made per item (a row that did not succeed counts; a prompt error too)
         self.submitted: dict[str, int] = {}
