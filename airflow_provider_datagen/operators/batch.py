@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,13 +15,20 @@ from airflow_provider_datagen._arguments import bad_argument
 from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 from airflow_provider_datagen.exceptions import BatchAPIError, ConfigurationError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
-from airflow_provider_datagen.operators.base import REPORT_XCOM_KEY, DatagenBaseOperator, folded_status
+from airflow_provider_datagen.operators.base import (
+    REPORT_XCOM_KEY,
+    DatagenBaseOperator,
+    check_chunk_or_source,
+    folded_status,
+)
 from airflow_provider_datagen.operators.map import retry_dict
 from airflow_provider_datagen.operators.plan import check_budget_arguments, check_redo_completed_argument
 from airflow_provider_datagen.operators.process import PROCESS_PATH_RE
 from airflow_provider_datagen.triggers.batch import DatagenBatchTrigger, check_poll_interval
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from airflow.sdk import Context
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
@@ -229,23 +235,7 @@ class DatagenBatchOperator(DatagenBaseOperator):
         #: None: the chunk's (the plan's), or the step's version without a plan
         self.processor_version = processor_version
         self.redo_completed = None if redo_completed is None else _check_redo(self, redo_completed)
-        if chunk is not None and not isinstance(chunk, Mapping):
-            raise bad_argument(
-                self,
-                "chunk",
-                chunk,
-                "is not a chunk descriptor dict",
-                "map the operator with expand_kwargs(plan.output) of a DatagenPlanOperator",
-            )
-        self.chunk = dict(chunk) if chunk is not None else None
-        if chunk is None and source is None:
-            raise bad_argument(
-                self,
-                "chunk",
-                chunk,
-                "and source=None leave nothing to run",
-                "give either chunk (expand_kwargs(plan.output) from a DatagenPlanOperator) or source",
-            )
+        self.chunk = check_chunk_or_source(self, chunk, source)
         self.source = source
         self.key_field = key_field
         #: the retry policy in its dict form (what Airflow serialises), or None

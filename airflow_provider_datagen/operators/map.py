@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowSkipException, AirflowTaskTimeout
@@ -18,12 +17,18 @@ from airflow_provider_datagen._arguments import (
 from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
-from airflow_provider_datagen.operators.base import REPORT_XCOM_KEY, DatagenBaseOperator, folded_status
+from airflow_provider_datagen.operators.base import (
+    REPORT_XCOM_KEY,
+    DatagenBaseOperator,
+    check_chunk_or_source,
+    folded_status,
+)
 from airflow_provider_datagen.operators.plan import check_budget_arguments, check_redo_completed_argument
 from airflow_provider_datagen.operators.process import PROCESS_PATH_RE, bad_process, resolve_process
 
 if TYPE_CHECKING:
     import logging
+    from collections.abc import Mapping
 
     from airflow.sdk import Context
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
@@ -225,23 +230,7 @@ class DatagenMapOperator(DatagenBaseOperator):
                 "give the time bound of group commit in seconds, e.g. 2.0",
             )
         self.checkpoint_interval = float(checkpoint_interval)
-        if chunk is not None and not isinstance(chunk, Mapping):
-            raise bad_argument(
-                self,
-                "chunk",
-                chunk,
-                "is not a chunk descriptor dict",
-                "map the operator with expand_kwargs(plan.output) of a DatagenPlanOperator",
-            )
-        self.chunk = dict(chunk) if chunk is not None else None
-        if chunk is None and source is None:
-            raise bad_argument(
-                self,
-                "chunk",
-                chunk,
-                "and source=None leave nothing to run",
-                "give either chunk (expand_kwargs(plan.output) from a DatagenPlanOperator) or source",
-            )
+        self.chunk = check_chunk_or_source(self, chunk, source)
         self.source = source
         self.key_field = key_field
         self.fail_fast = bool(fail_fast)
