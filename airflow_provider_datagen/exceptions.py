@@ -105,6 +105,18 @@ class MisalignedStreamsError(DatagenError, ValueError):
     """The two column streams of a streamed fold did not list the same rows; the reader folds again."""
 
 
+class OutputValidationError(DatagenError, ValueError):
+    """A model's answer does not validate against the step's ``output_type`` (the item fails, never a silent None)."""
+
+
+class BatchRowError(DatagenError):
+    """A provider's batch reported a row errored, expired or cancelled; the row is resubmitted alone."""
+
+
+class BatchAPIError(DatagenError):
+    """A provider's batch API refused a call (a batch it failed, an input it would not accept)."""
+
+
 #: How much of a bad argument's value a message shows.
 _MAX_SHOWN = 200
 

@@ -21,8 +21,8 @@ from airflow_provider_datagen import __version__
 _INTEGRATION = "Datagen"
 
 
-def _modules(module: str) -> list[dict]:
-    return [{"integration-name": _INTEGRATION, "python-modules": [module]}]
+def _modules(*modules: str) -> list[dict]:
+    return [{"integration-name": _INTEGRATION, "python-modules": list(modules)}]
 
 
 _DESCRIPTION = (
@@ -114,9 +114,9 @@ def get_provider_info() -> dict:
         "versions": [__version__],
         "integrations": _INTEGRATIONS,
         "hooks": _modules("airflow_provider_datagen.hooks.datagen"),
-        "operators": _modules("airflow_provider_datagen.operators.datagen"),
+        "operators": _modules("airflow_provider_datagen.operators.datagen", "airflow_provider_datagen.operators.batch"),
         "sensors": _modules("airflow_provider_datagen.sensors.datagen"),
-        "triggers": _modules("airflow_provider_datagen.triggers.datagen"),
+        "triggers": _modules("airflow_provider_datagen.triggers.datagen", "airflow_provider_datagen.triggers.batch"),
         "connection-types": _CONNECTION_TYPES,
         "extra-links": ["airflow_provider_datagen.links.DatagenStatusLink"],
         "config": _CONFIG,

@@ -28,6 +28,8 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
   concurrencies and latencies, and the retry path's cost when nothing fails (benchmarks/concurrency.py).
 * ``ledger``: ``log.usage()`` at N items / ~5N events before and after ``maintain()`` beside ``states()``,
   and a budget's overshoot with 4 concurrent processes (see benchmarks/ledger.py).
+* ``batch``: the per-item cost of recording 100k batch results against ``run_items`` writing the same
+  fields and usage (see benchmarks/batch_results.py).
 * ``chunk``: what one mapped task pays besides its items (its chunk's states, the closing status) at
   100k and 1M items, before and after it stopped reading the whole log (see benchmarks/chunk_overhead.py).
 
@@ -53,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from benchmarks.batch_results import bench_batch_results
 from benchmarks.chunk_overhead import bench_chunk_overhead
 from benchmarks.concurrency import bench_concurrency
 from benchmarks.fakes import LATENCY_ENV
@@ -745,7 +748,7 @@ def bench_fanout(tmp: Path, quick: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    all_sections = ["throughput", "plan", "reads", "airflow", "fanout", "concurrency", "ledger", "chunk"]
+    all_sections = ["throughput", "plan", "reads", "airflow", "fanout", "concurrency", "ledger", "chunk", "batch"]
     parser.add_argument("--only", nargs="*", choices=all_sections)
     args = parser.parse_args(argv)
     sections = args.only or all_sections
@@ -767,6 +770,7 @@ def main(argv: list[str] | None = None) -> int:
                 "concurrency": bench_concurrency,
                 "ledger": bench_ledger,
                 "chunk": bench_chunk_overhead,
+                "batch": bench_batch_results,
             }
             results[name] = fn[name](tmp, args.quick)
             print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from airflow_provider_datagen.core.batch import BatchReport, BatchRun, run_batch
     from airflow_provider_datagen.core.chunk_spec import ChunkSpec
     from airflow_provider_datagen.core.events import BlobRef, Event, StepCoord, canonical_json, fingerprint_of
     from airflow_provider_datagen.core.export import export_results, merge_results, results_fingerprint
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 #: public name -> the submodule that defines it
 _EXPORTS = {
     "Batch": "airflow_provider_datagen.core.store.batch",
+    "BatchReport": "airflow_provider_datagen.core.batch",
+    "BatchRun": "airflow_provider_datagen.core.batch",
     "BlobRef": "airflow_provider_datagen.core.events",
     "Branch": "airflow_provider_datagen.core.steps",
     "CheckpointLog": "airflow_provider_datagen.core.store.log",
@@ -78,6 +81,7 @@ _EXPORTS = {
     "SubPipeline": "airflow_provider_datagen.core.steps",
     "Violation": "airflow_provider_datagen.core.fold",
     "canonical_json": "airflow_provider_datagen.core.events",
+    "run_batch": "airflow_provider_datagen.core.batch",
     "child_item_id": "airflow_provider_datagen.core.ids",
     "export_results": "airflow_provider_datagen.core.export",
     "fingerprint_of": "airflow_provider_datagen.core.events",
@@ -98,6 +102,8 @@ _EXPORTS = {
 __all__ = [
     "DATAGEN_SCHEMA_VERSION",
     "Batch",
+    "BatchReport",
+    "BatchRun",
     "BlobRef",
     "Branch",
     "CheckpointLog",
@@ -140,6 +146,7 @@ __all__ = [
     "read_source",
     "results_fingerprint",
     "root_item_id",
+    "run_batch",
     "run_items",
     "status_of",
 ]

@@ -51,6 +51,8 @@ class DatagenStatus(ItemCounts):
     usage: dict[str, Any]
     stopped_by_budget: bool
     removed: int
+    #: items submitted to a provider's batch and not yet back (core/batch)
+    in_batch: int
 
 
 #: The keys of every ``datagen_status`` dict (``CheckpointLog.summary()``, ``status_of()``, the XCom),
@@ -73,6 +75,7 @@ STATUS_KEYS = (
     "usage",
     "stopped_by_budget",
     "removed",
+    "in_batch",
 )
 if frozenset(STATUS_KEYS) != DatagenStatus.__required_keys__:  # one list of keys, checked where both live
     raise AssertionError(f"STATUS_KEYS {STATUS_KEYS} differ from DatagenStatus's keys")
@@ -273,6 +276,8 @@ def summary_of(
         # set by CheckpointLog.summary() (core/store/tally.py: finish), which reads the budget and the source
         "stopped_by_budget": False,
         "removed": 0,
+        # set by finish() too: the items of the experiment's open batch submissions
+        "in_batch": 0,
     }
     built = dict(values)
     return {key: built[key] for key in STATUS_KEYS}

@@ -71,6 +71,11 @@ class OutputSpec:
             TypeAdapter(output_type) if self.kind in ("structured", "value") else None
         )
 
+    @property
+    def validator(self) -> Any:
+        """The ``jsonschema`` validator of a JSON-schema output type (None for the other kinds)."""
+        return self._validator
+
     def agent_output_type(self) -> Any:
         """The ``output_type`` handed to the pydantic-ai agent (imports pydantic-ai for a JSON schema)."""
         if self.schema is None:

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import jinja2.nativetypes
 from airflow.sdk import BaseOperator
 
-from airflow_provider_datagen._arguments import (
-    check_name_argument,
-)
+from airflow_provider_datagen._arguments import bad_argument, check_name_argument
 from airflow_provider_datagen.exceptions import DatagenError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from airflow.sdk import Context
 
     from airflow_provider_datagen.core import CheckpointLog
@@ -28,6 +25,27 @@ logger = logging.getLogger(__name__)
 
 STATUS_XCOM_KEY = "datagen_status"
 REPORT_XCOM_KEY = "datagen_report"
+
+
+def check_chunk_or_source(owner: object, chunk: Any, source: Any) -> dict[str, Any] | None:
+    """A mapped task's ``chunk`` (a plan's descriptor dict) as a dict; one of ``chunk`` and ``source`` is needed."""
+    if chunk is not None and not isinstance(chunk, Mapping):
+        raise bad_argument(
+            owner,
+            "chunk",
+            chunk,
+            "is not a chunk descriptor dict",
+            "map the operator with expand_kwargs(plan.output) of a DatagenPlanOperator",
+        )
+    if chunk is None and source is None:
+        raise bad_argument(
+            owner,
+            "chunk",
+            chunk,
+            "and source=None leave nothing to run",
+            "give either chunk (expand_kwargs(plan.output) from a DatagenPlanOperator) or source",
+        )
+    return dict(chunk) if chunk is not None else None
 
 
 def folded_status(event_log: CheckpointLog) -> dict[str, Any]:

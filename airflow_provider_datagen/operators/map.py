@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowSkipException, AirflowTaskTimeout
@@ -18,12 +17,18 @@ from airflow_provider_datagen._arguments import (
 from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
-from airflow_provider_datagen.operators.base import REPORT_XCOM_KEY, DatagenBaseOperator, folded_status
+from airflow_provider_datagen.operators.base import (
+    REPORT_XCOM_KEY,
+    DatagenBaseOperator,
+    check_chunk_or_source,
+    folded_status,
+)
 from airflow_provider_datagen.operators.plan import check_budget_arguments, check_redo_completed_argument
 from airflow_provider_datagen.operators.process import PROCESS_PATH_RE, bad_process, resolve_process
 
 if TYPE_CHECKING:
     import logging
+    from collections.abc import Mapping
 
     from airflow.sdk import Context
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
@@ -32,7 +37,7 @@ if TYPE_CHECKING:
 _FAILED_SHOWN = 20
 
 
-def _retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
+def retry_dict(owner: object, retry: Any) -> dict[str, Any] | None:
     """``retry`` (a ``RetryPolicy``, its dict form or None) checked, in the dict form Airflow serialises."""
     if retry is None:
         return None
@@ -164,7 +169,7 @@ class DatagenMapOperator(DatagenBaseOperator):
             kwargs["map_index_template"] = cls._MAP_INDEX_TEMPLATE
         if kwargs.get("retry") is not None:
             # a mapped operator's __init__ runs only on the worker: check the policy when the DAG is parsed
-            kwargs["retry"] = _retry_dict(cls, kwargs["retry"])
+            kwargs["retry"] = retry_dict(cls, kwargs["retry"])
         if kwargs.get("rate_limit") is not None:
             kwargs["rate_limit"] = _rate_limit_dict(cls, kwargs["rate_limit"])
         if kwargs.get("budget_usd") is not None or kwargs.get("budget_tokens") is not None:
@@ -225,30 +230,14 @@ class DatagenMapOperator(DatagenBaseOperator):
                 "give the time bound of group commit in seconds, e.g. 2.0",
             )
         self.checkpoint_interval = float(checkpoint_interval)
-        if chunk is not None and not isinstance(chunk, Mapping):
-            raise bad_argument(
-                self,
-                "chunk",
-                chunk,
-                "is not a chunk descriptor dict",
-                "map the operator with expand_kwargs(plan.output) of a DatagenPlanOperator",
-            )
-        self.chunk = dict(chunk) if chunk is not None else None
-        if chunk is None and source is None:
-            raise bad_argument(
-                self,
-                "chunk",
-                chunk,
-                "and source=None leave nothing to run",
-                "give either chunk (expand_kwargs(plan.output) from a DatagenPlanOperator) or source",
-            )
+        self.chunk = check_chunk_or_source(self, chunk, source)
         self.source = source
         self.key_field = key_field
         self.fail_fast = bool(fail_fast)
         self.progress_interval = float(progress_interval)
         self.concurrency = check_positive_int(self, "concurrency", concurrency)
         #: the retry policy in its dict form (what Airflow serialises), or None
-        self.retry = _retry_dict(self, retry)
+        self.retry = retry_dict(self, retry)
         #: the rate limit in its dict form, or None
         self.rate_limit = _rate_limit_dict(self, rate_limit)
         self.budget_usd, self.budget_tokens = check_budget_arguments(self, budget_usd, budget_tokens)

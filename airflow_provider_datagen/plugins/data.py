@@ -28,11 +28,12 @@ from airflow_provider_datagen.core.ids import check_name
 from airflow_provider_datagen.core.status import FAILED, failed_mask
 from airflow_provider_datagen.core.store.paths import CHECKPOINTS_DIR, LOG_DIR, ExperimentRef, list_experiments
 from airflow_provider_datagen.core.store.source_ref import INLINE, SourceRef, recorded_source, source_stamp
+from airflow_provider_datagen.core.store.tally import in_batch
 from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError, NotFoundError
 from airflow_provider_datagen.hooks.datagen import DatagenHook, redact_uri
 from airflow_provider_datagen.plugins.access import Writers
 from airflow_provider_datagen.plugins.cache import VersionedCache
-from airflow_provider_datagen.plugins.insights import next_run, spend_panel, throughput
+from airflow_provider_datagen.plugins.insights import next_run, open_batches, spend_panel, throughput
 from airflow_provider_datagen.plugins.item_view import RESOLVED_STATUSES, attempt_facts, iso, item_data
 from airflow_provider_datagen.plugins.ti_view import TaskInstanceKey, current_status, key_ranges, scan_task_instance
 
@@ -346,6 +347,9 @@ class Reader:
             "recent_failures": failures,
             "failure_rows": failures_total,
             **self.insights(pipeline, experiment, opened),
+            # read on each view: submissions change without a new log version
+            "batches": open_batches(opened[0]),
+            "in_batch": in_batch(opened[0]),
         }
 
     def items(

@@ -8,6 +8,8 @@ Each is a plain JSON-able dict built from one log version (the app caches them w
 * :func:`throughput`: items completed and failed attempts per minute, from the ``created_at`` of the
   TERMINAL and FAILED rows (the time each row was written), with the geometry of a small inline SVG
   chart (no script, nothing fetched).
+* :func:`open_batches`: the experiment's batch submissions still open (core/batch), with their age;
+  read on every view (they change without a new log version), never cached.
 * :func:`next_run`: what a rerun would touch now, in the planner's terms. A plan task records the
   source it read beside the log (``core/store/source_ref.py``); the panel classifies that source
   against the fold with the planner's own functions (fresh, replay, failed, edited, demoted, skip).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -273,4 +276,24 @@ def next_run(
         out["unreachable"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         return out
     out["classes"] = counts.as_dict()
+    return out
+
+
+def open_batches(event_log: CheckpointLog, now: float | None = None) -> list[dict[str, Any]]:
+    """The open batch submissions of the experiment, oldest first, each with a readable ``age``."""
+    # Deferred: most experiments never run a batch, and the page must not fail on this panel.
+    from airflow_provider_datagen.core.store import batches
+
+    now = time.time() if now is None else now
+    out = []
+    for sub in batches.open_submissions(event_log):
+        seconds = max(0.0, now - sub.intent_at)
+        age = (
+            f"{seconds / 3600:.1f} h"
+            if seconds >= 3600
+            else f"{seconds / 60:.0f} min"
+            if seconds >= 60
+            else f"{seconds:.0f} s"
+        )
+        out.append({**sub.describe(), "age": age, "age_seconds": seconds})
     return out

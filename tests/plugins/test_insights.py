@@ -244,12 +244,12 @@ def test_item_page_input_beside_output_and_usage_per_attempt(
     rows = re.findall(
         r"<tr><td class='num'>(\d)</td><td>process</td><td>.*?</td><td class='mono'>([^<]+)</td>"
         r"<td class='num'>(\d+)</td><td class='num'>([\d,]+)</td><td class='num'>([\d,]+)</td>"
-        r"<td class='num'>([^<]+)</td></tr>",
+        r"<td class='num'>([^<]+)</td>\s*<td class='mono batch-attempt'>([^<]*)</td></tr>",
         usage,
     )
-    assert rows == [
-        ("1", "openai:gpt-5-mini", "1", "800", "100", "$0.25"),
-        ("2", "openai:gpt-5-mini", "1", "812", "240", "$0.0123"),
+    assert rows == [  # online attempts: no batch
+        ("1", "openai:gpt-5-mini", "1", "800", "100", "$0.25", "—"),
+        ("2", "openai:gpt-5-mini", "1", "812", "240", "$0.0123", "—"),
     ]
     assert "s-failed'>failed</span>" in usage and "s-completed'>completed</span>" in usage
     api = client.get(f"/datagen/api/experiments/{P}/timed/item?id=k3").json()
@@ -349,7 +349,8 @@ def test_costs_show_six_significant_digits(client: TestClient, timed_log: Checkp
     assert "<td class='num'>$0.00045678</td>" in page
     item = client.get(f"/datagen/experiments/{P}/timed/item?id=k3").text
     usage_html = item[item.index("<h2 id='usage'>") : item.index("<h2>Failures</h2>")]
-    assert "<td class='num'>$0.000123</td></tr>" in usage_html and "$0.0001<" not in usage_html
+    assert "<td class='num'>$0.000123</td><td class='mono batch-attempt'>" in usage_html
+    assert "$0.0001<" not in usage_html
 
 
 def test_requests_are_shown_when_the_ledger_counts_them(

@@ -259,9 +259,17 @@ def attempts_of_events(events: Iterable[Event]) -> list[dict[str, Any]]:
                     "unpriced_calls": bounded_count(e.get("unpriced_calls")),
                     "requests": requests,
                     "item_id": ev.item_id,
+                    **_batch_of(record),
                 }
             )
     return rows
+
+
+def _batch_of(record: dict[str, Any]) -> dict[str, Any]:
+    """``{"batch": True, "batch_id", "custom_id"}`` of an attempt that was a row of a provider's batch, else ``{}``."""
+    if record.get("batch") is not True:
+        return {}
+    return {"batch": True, "batch_id": record.get("batch_id"), "custom_id": record.get("custom_id")}
 
 
 def _unique_rows(table: pa.Table) -> pa.Table:

@@ -26,7 +26,7 @@ from airflow_provider_datagen.core.schema import (
 from airflow_provider_datagen.exceptions import InvalidEventError, InvalidItemError
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Container
+    from collections.abc import Collection, Container, Mapping
 
     from airflow_provider_datagen.core.schema import StepKind
 
@@ -369,6 +369,7 @@ class Batch:
         wait: float | None = None,
         usage: list[dict[str, Any]] | None = None,
         requests: int | None = None,
+        batch: Mapping[str, str] | None = None,
     ) -> None:
         """A step raised: a failure-lens row; the item stays running and is retried later.
 
@@ -378,6 +379,8 @@ class Batch:
         folds keep out of the item's ``failures`` (see docs/adr/0008-in-place-retries.md). The
         ``usage`` entries the failed attempt recorded join that JSON (docs/adr/0011-usage-ledger.md).
         ``step`` names the step alone; ``at`` gives all its coordinates (the runner's, where it failed).
+        ``batch`` (``{"batch_id", "custom_id"}``): the attempt was a row of a provider's batch
+        (core/batch), stored as ``"batch": True`` beside them.
         """
         item_id = self._id(item_id)
         if at is not None:
@@ -407,8 +410,10 @@ class Batch:
         err = ErrorInfo(etype, _clip(message) or "", _clip(traceback))
         enc = None
         value_part = ""
-        if attempt is not None or transient or usage or requests:
+        if attempt is not None or transient or usage or requests or batch:
             payload: dict[str, Any] = {"attempt": attempt, "transient": transient}
+            if batch:
+                payload.update(batch, batch=True)
             if wait is not None:
                 payload["wait"] = wait
             if usage:

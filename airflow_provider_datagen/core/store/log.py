@@ -534,6 +534,19 @@ class CheckpointLog:
         lance_io.write_source_snapshot(uri, table, self.storage_options, log_uri=self.uri)
         return uri
 
+    # --- batches (core/batch) ----------------------------------------------------------------------
+
+    def cancel_batches(self, client: Any = None) -> list[str]:
+        """Ask the provider to cancel the experiment's open batches; the batch ids asked.
+
+        ``client``: a batch client (``llm_batch(...).client()``); without one, each provider's SDK reads
+        its key from the environment. Rows already finished stay readable and are recorded by the next
+        batch round; the rows that never ran come back cancelled, their items still pending.
+        """
+        from airflow_provider_datagen.core.batch.cancel import cancel_batches  # the SDKs load only here
+
+        return cancel_batches(self, client)
+
     # --- maintenance ----------------------------------------------------------------------------
 
     def maintain(

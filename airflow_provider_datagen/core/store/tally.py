@@ -21,7 +21,7 @@ from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
 from airflow_provider_datagen.core.ledger.budget import Budget
 from airflow_provider_datagen.core.schema import LIGHT_COLUMNS, ItemStatus
 from airflow_provider_datagen.core.status import Tally, item_counts, summarize, summary_of, tally
-from airflow_provider_datagen.core.store import lance_io, projection
+from airflow_provider_datagen.core.store import batches, lance_io, projection
 from airflow_provider_datagen.core.store.source_ref import SourceRef, recorded_source
 
 if TYPE_CHECKING:
@@ -88,7 +88,13 @@ def finish(log: LogReads, status: dict[str, Any], *, whole_log: bool) -> dict[st
         if ref is not None and ref.removed_ids is not None:
             over_source(log, status, ref)
     status["stopped_by_budget"] = budget_stop(log, int(status["pending"])) is not None
+    status["in_batch"] = in_batch(log)
     return status
+
+
+def in_batch(log: batches.Located) -> int:
+    """Items of the experiment's open batch submissions: submitted to a provider and not yet back."""
+    return len({iid for sub in batches.open_submissions(log) for iid in sub.item_ids})
 
 
 def budget_stop(log: LogReads, pending: int) -> str | None:

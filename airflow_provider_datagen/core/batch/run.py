@@ -1,0 +1,606 @@
+"""Pending items through a provider's batch API, recorded per item exactly once: :class:`BatchRun`, :func:`run_batch`.
+
+A round (:meth:`BatchRun.advance`) does, in order:
+
+1. every open submission of these items moves on: one without a batch id (a crash inside the provider's
+   create) is re-attached by the key its batch carries in its metadata, or submitted again where the
+   provider keeps none; a running one is polled; an ended one has its rows recorded in the log;
+2. the items still pending (not done, not in an open batch, attempts left) are submitted, split at the
+   provider's limits and the step's, unless the budget is reached. Each submission has a key of its own
+   (recorded before the provider is asked); a batch the provider refuses at create (its input) is
+   closed as failed, each row a failed attempt, as a batch the provider fails whole.
+
+A row that succeeded completes its item with its fields and usage in one checkpoint, priced at the batch
+price; a row that errored, expired or was cancelled is a FAILED row of that attempt (transient while
+attempts are left: it is resubmitted alone, with the next attempt's ``custom_id``); a row whose answer
+does not validate fails its item. Recording is idempotent: a row whose attempt the log already holds is
+skipped, so a crash while recording re-reads the results and records only the rest.
+
+:func:`run_batch` repeats rounds, sleeping ``poll_interval`` between polls, until nothing is open; the
+Airflow operator runs one round per task resumption and polls from the triggerer instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_datagen.core.events import StepCoord
+from airflow_provider_datagen.core.fold import ItemState
+from airflow_provider_datagen.core.ids import check_field_name
+from airflow_provider_datagen.core.ledger.pricing import price_usd
+from airflow_provider_datagen.core.ledger.records import attempt_entries, usage_record
+from airflow_provider_datagen.core.planner import as_source
+from airflow_provider_datagen.core.runner.report import RunReport
+from airflow_provider_datagen.core.schema import ItemStatus, StepKind
+from airflow_provider_datagen.core.store import batches
+from airflow_provider_datagen.exceptions import (
+    BatchAPIError,
+    BatchRowError,
+    ConfigurationError,
+    DatagenError,
+    OutputValidationError,
+    bad_argument,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+
+    from airflow_provider_datagen.core.batch.protocol import BatchClient, BatchStep, RequestLine, RowResult
+    from airflow_provider_datagen.core.retry import RetryPolicy
+    from airflow_provider_datagen.core.sources import SourceItem
+    from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.writer import LogWriter
+
+logger = logging.getLogger(__name__)
+
+#: The share of the online price a batch request costs (OpenAI's Batch API and Anthropic's Message
+#: Batches both bill 50%); genai-prices' table has no batch prices.
+BATCH_PRICE_FACTOR = 0.5
+#: Distinct (model, input tokens, output tokens) whose usage entries a run keeps shaped.
+USAGE_CACHE_ENTRIES = 65_536
+#: Items recorded per log commit while reading a batch's results.
+RECORD_COMMIT_ITEMS = 5_000
+#: metadata keys a submitted batch carries (OpenAI keeps them; :meth:`BatchClient.find` matches them)
+SUBMISSION_KEY = "datagen_submission"
+EXPERIMENT_KEY = "datagen_experiment"
+_DONE = (ItemStatus.COMPLETED, ItemStatus.FILTERED)
+
+
+@dataclass(repr=False)
+class BatchReport(RunReport):
+    """What a batch run did: :class:`RunReport`'s lists, plus the batches it submitted or re-attached to."""
+
+    #: the provider's ids of every batch this run submitted, re-attached to or polled, in order
+    batches: list[str] = field(default_factory=list)
+    #: items submitted and not yet back when it returned (0 after :func:`run_batch`)
+    in_batch: int = 0
+
+    def as_dict(self) -> dict[str, Any]:  # two more keys
+        return {**super().as_dict(), "batches": list(self.batches), "in_batch": self.in_batch}
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", batches={len(self.batches)}, in_batch={self.in_batch})"
+
+
+def custom_id(item_id: str, fingerprint: str, attempt: int) -> str:
+    """A request's ``custom_id``: a digest of the item id and its input fingerprint, then ``-<attempt>``.
+
+    Deterministic (a crash and a rerun ask the same ids); within Anthropic's ``^[a-zA-Z0-9_-]{1,64}$``.
+    The part before the last ``-`` is the item's base, the same for each of its attempts.
+    """
+    digest = hashlib.sha256(f"{item_id}\x00{fingerprint}".encode()).hexdigest()[:40]
+    return f"{digest}-{attempt}"
+
+
+def attempt_of(cid: str) -> int:
+    """The attempt a ``custom_id`` of :func:`custom_id` was made for."""
+    return int(cid.rsplit("-", 1)[1])
+
+
+def _submission_key(log_uri: str, custom_ids: Sequence[str]) -> str:
+    """A new submission's key, unique: the intent row records it before the provider is asked, so a
+    re-attach reads it back. Not a digest of the custom_ids alone: a new generation of the same items
+    (a new step version after they failed) asks the same custom_ids again, and a key equal to the
+    earlier, closed submission's would fold the new one into it (never polled, never recorded)."""
+    nonce = uuid.uuid4().hex
+    return hashlib.sha256("\n".join([log_uri, nonce, *sorted(custom_ids)]).encode()).hexdigest()[:32]
+
+
+class BatchRun:
+    """The batch run of ``items`` through ``step`` into ``log`` at ``(writer_id, epoch)``; see the module doc.
+
+    :param retry: ``attempts`` is how many times one item may be submitted per run (errored, expired and
+        cancelled rows are resubmitted until then); ``None``: once, and a row that did not succeed fails
+        its item (a rerun resubmits it).
+    :param budget_usd: no submission once the experiment's recorded cost reaches it, and none holding
+        more items than the rest covers at the mean cost of the items recorded so far.
+    :param budget_tokens: the same for tokens.
+    :param airflow: the task instance's coordinates stored in every event (the operator's), as ``run_items``'s.
+    """
+
+    def __init__(
+        self,
+        log: CheckpointLog,
+        items: Iterable[Any],
+        step: BatchStep,
+        *,
+        processor_version: str,
+        writer_id: str,
+        epoch: int,
+        key_field: str = "id",
+        retry: RetryPolicy | None = None,
+        budget_usd: float | None = None,
+        budget_tokens: int | None = None,
+        airflow: dict[str, Any] | None = None,
+    ) -> None:
+        for param, budget in (("budget_usd", budget_usd), ("budget_tokens", budget_tokens)):
+            if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+                raise bad_argument("run_batch", param, budget, "is not a positive number", "e.g. 25.0, or None")
+        if not isinstance(processor_version, str) or not processor_version:
+            raise bad_argument(
+                "run_batch", "processor_version", processor_version, "is not a non-empty string", "e.g. step.version"
+            )
+        self.log = log
+        self.step = step
+        self.processor_version = processor_version
+        self.max_attempts = retry.attempts if retry is not None else 1
+        self.budget_usd = budget_usd
+        self.budget_tokens = budget_tokens
+        # run_items's items: dicts, or the SourceItems a plan's chunk gives (core/chunks.chunk_items)
+        self.items: list[SourceItem] = as_source(items, key_field)
+        self.by_id = {it.item_id: it for it in self.items}
+        self.by_base = {custom_id(it.item_id, it.fingerprint, 0).rsplit("-", 1)[0]: it for it in self.items}
+        self.writer: LogWriter = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
+        self.report = BatchReport()
+        #: submissions this run made per item (a row that did not succeed counts; a prompt error too)
+        self.submitted: dict[str, int] = {}
+        self._usage_entries: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+        #: items that failed for good in this run (attempts spent, an invalid answer, a prompt that cannot
+        #: render): never submitted again by this run (a rerun resubmits them)
+        self.given_up: set[str] = set()
+        #: the report's processed and skipped items, for membership tests
+        self._reported: set[str] = set()
+
+    # --- one round --------------------------------------------------------------------------------
+
+    def advance(self, client: BatchClient) -> list[batches.Submission]:
+        """One round (see the module doc); the submissions of these items still open after it."""
+        for sub in self._ours(batches.open_submissions(self.log)):
+            self._move_on(client, sub)
+        while self._submit_pending(client):
+            pass  # a batch the provider refused: its rows, attempts left, go in the next one
+        still = self._ours(batches.open_submissions(self.log))
+        self.report.in_batch = sum(len(s.item_ids) for s in still)
+        return still
+
+    def poll(self, client: BatchClient, subs: Sequence[batches.Submission]) -> bool:
+        """Poll ``subs`` once, recording those that ended; whether every one has ended (or closed)."""
+        done = True
+        for sub in subs:
+            if sub.kind in (batches.ENDED, *batches.CLOSED):
+                continue
+            if sub.batch_id is None or not self._poll_one(client, sub):
+                done = False
+        return done
+
+    def _ours(self, subs: Iterable[batches.Submission]) -> list[batches.Submission]:
+        return [s for s in subs if any(i in self.by_id for i in s.item_ids)]
+
+    def _move_on(self, client: BatchClient, sub: batches.Submission) -> None:
+        if sub.batch_id is None:
+            self._reattach_or_resubmit(client, sub)
+            return
+        if sub.batch_id not in self.report.batches:
+            self.report.batches.append(sub.batch_id)
+        if sub.kind != batches.ENDED and not self._poll_one(client, sub):
+            return
+        if sub.kind == batches.ENDED:
+            self._record(client, sub)
+
+    def _poll_one(self, client: BatchClient, sub: batches.Submission) -> bool:
+        """Retrieve ``sub``'s batch; record an end (or the provider's failure of it). Whether it ended."""
+        assert sub.batch_id is not None
+        info = client.retrieve(sub.batch_id)
+        if info.state == "in_progress":
+            return False
+        kind = batches.ENDED if info.state == "ended" else batches.FAILED
+        batches.append(
+            self.log,
+            [self._row(sub, kind, status=info.status, counts_json=json.dumps(dict(info.counts), sort_keys=True))],
+        )
+        sub.kind, sub.status, sub.counts = kind, info.status, dict(info.counts)
+        if kind == batches.FAILED:
+            # the provider ran none of its rows: each is a failed attempt of its item (resubmitted if
+            # attempts are left), as an errored row would be
+            logger.warning("batch %s failed at the provider: %s", sub.batch_id, info.error)
+            self._fail_rows(sub, sub.custom_ids, f"the provider failed the whole batch: {info.error}")
+        return True
+
+    def _reattach_or_resubmit(self, client: BatchClient, sub: batches.Submission) -> None:
+        found = None
+        if client.supports_metadata:
+            found = client.find({SUBMISSION_KEY: sub.submission_key}, created_after=sub.intent_at)
+        if found is not None:
+            logger.info(
+                "re-attached to batch %s of submission %s (its create was not recorded)", found, sub.submission_key
+            )
+            batch_id = found
+        else:
+            lines = [self._line(cid) for cid in sub.custom_ids]
+            try:
+                batch_id = client.submit(
+                    [ln for ln in lines if ln is not None], metadata=self._metadata(sub.submission_key)
+                )
+            except BatchAPIError as exc:
+                if not _refused_input(exc):
+                    raise
+                self._refused(sub, exc)
+                return
+        batches.append(self.log, [self._row(sub, batches.SUBMITTED, batch_id=batch_id)])
+        sub.batch_id, sub.kind = batch_id, batches.SUBMITTED
+        self.report.batches.append(batch_id)
+
+    def _refused(self, sub: batches.Submission, exc: BatchAPIError) -> None:
+        """The provider refused the batch's input at create (Anthropic validates there): closed as failed,
+        each row a failed attempt of its item (resubmitted while attempts are left), not an open intent
+        every later run would submit again and see refused again."""
+        logger.warning("the provider refused submission %s: %s", sub.submission_key, exc)
+        batches.append(self.log, [self._row(sub, batches.FAILED, status="refused")])
+        sub.kind, sub.status = batches.FAILED, "refused"
+        self._fail_rows(sub, sub.custom_ids, f"the provider refused the batch: {exc}")
+
+    def _line(self, cid: str) -> RequestLine | None:
+        item = self.by_base.get(cid.rsplit("-", 1)[0])
+        if item is None:
+            return None
+        return self.step.request(item.data, item.item_id, cid)
+
+    # --- recording results ------------------------------------------------------------------------
+
+    def _record(self, client: BatchClient, sub: batches.Submission) -> None:
+        assert sub.batch_id is not None
+        wanted = {
+            cid: self.by_base[cid.rsplit("-", 1)[0]] for cid in sub.custom_ids if cid.rsplit("-", 1)[0] in self.by_base
+        }
+        states = self._states([it.item_id for it in wanted.values()])
+        seen: set[str] = set()
+        pending: list[tuple[SourceItem, str, RowResult]] = []
+        for row in client.results(sub.batch_id):
+            item = wanted.get(row.custom_id)
+            if item is None or row.custom_id in seen:
+                continue  # a row of another chunk's item, or a duplicate line
+            seen.add(row.custom_id)
+            if not _recorded(states.get(item.item_id), item, attempt_of(row.custom_id)):
+                pending.append((item, row.custom_id, row))
+            if len(pending) >= RECORD_COMMIT_ITEMS:
+                self._commit_rows(sub, pending)
+                pending = []
+        self._commit_rows(sub, pending)
+        missing = [
+            cid
+            for cid in wanted
+            if cid not in seen and not _recorded(states.get(wanted[cid].item_id), wanted[cid], attempt_of(cid))
+        ]
+        if missing:
+            self._fail_rows(sub, missing, "the batch's results hold no row for it")
+        batches.append(self.log, [self._row(sub, batches.RECORDED)])
+        sub.kind = batches.RECORDED
+
+    def _commit_rows(self, sub: batches.Submission, rows: list[tuple[SourceItem, str, RowResult]]) -> None:
+        if not rows:
+            return
+        report = self.report
+        step_name = self.step.step_name
+        with self.writer.batch() as b:
+            for item, cid, row in rows:
+                attempt = attempt_of(cid)
+                where = {"batch_id": sub.batch_id or "", "custom_id": cid}
+                if row.outcome != "succeeded":
+                    err = BatchRowError(f"batch {sub.batch_id}: row {cid} {row.outcome}: {row.error or 'no detail'}")
+                    self._stage_failure(b, item, attempt, err, where)
+                    continue
+                usage = self._usage(row)
+                try:
+                    fields = self.step.fields(row)
+                    for name in fields:  # an answer's keys become field names: one the log refuses fails alone
+                        check_field_name(name, OutputValidationError, f"row {cid}'s answer gives")
+                except DatagenError as exc:
+                    # paid for, but not an answer: the item fails with the usage it cost
+                    b.failed(
+                        item.item_id, error=exc, at=StepCoord(step=step_name), attempt=attempt, usage=usage, batch=where
+                    )
+                    self._give_up(item.item_id, exc)
+                    continue
+                for name, value in fields.items():
+                    b.field_set(item.item_id, name, value, step=step_name)
+                value = {"attempt": attempt, "usage": usage, "batch": True, **where}
+                b.step_completed(item.item_id, step=step_name, step_kind=StepKind.STEP.value, value=value)
+                b.terminal(item.item_id)
+                report.processed.append(item.item_id)
+                self._reported.add(item.item_id)
+        report.commits += 1
+
+    def _usage(self, row: RowResult) -> list[dict[str, Any]]:
+        label = self.step.model_label(row)
+        key = (label, row.input_tokens, row.output_tokens)
+        entries = self._usage_entries.get(key)
+        if entries is None:
+            # rows repeat the same (model, tokens) often: checked, priced and shaped once (the entries are
+            # only encoded into each row's JSON, never changed)
+            online = price_usd(label, row.input_tokens, row.output_tokens)
+            cost = None if online is None else online * BATCH_PRICE_FACTOR
+            entries = attempt_entries([usage_record(label, row.input_tokens, row.output_tokens, cost, 1)])
+            if len(self._usage_entries) < USAGE_CACHE_ENTRIES:
+                self._usage_entries[key] = entries
+        return entries
+
+    def _stage_failure(
+        self, b: Any, item: SourceItem, attempt: int, err: BaseException, where: Mapping[str, str]
+    ) -> None:
+        # a row of a batch an earlier process submitted (re-attached, re-read) counts as this run's first
+        # submission of the item: a resumed run spends no more than retry.attempts on it either
+        transient = self.submitted.setdefault(item.item_id, 1) < self.max_attempts
+        b.failed(
+            item.item_id,
+            error=err,
+            at=StepCoord(step=self.step.step_name),
+            attempt=attempt,
+            transient=transient,
+            batch=where,
+        )
+        if not transient:
+            self._give_up(item.item_id, err)
+
+    def _give_up(self, item_id: str, err: BaseException) -> None:
+        """``item_id`` failed for good in this run: reported once, and not submitted again by it."""
+        if item_id not in self.given_up:
+            self.given_up.add(item_id)
+            self.report.failed.append(item_id)
+        self.report.errors[item_id] = f"{type(err).__name__}: {err}"
+
+    def _fail_rows(self, sub: batches.Submission, cids: Iterable[str], why: str) -> None:
+        with self.writer.batch() as b:
+            for cid in cids:
+                item = self.by_base.get(cid.rsplit("-", 1)[0])
+                if item is not None:
+                    err = BatchRowError(f"batch {sub.batch_id}: row {cid}: {why}")
+                    self._stage_failure(
+                        b, item, attempt_of(cid), err, {"batch_id": sub.batch_id or "", "custom_id": cid}
+                    )
+
+    def _states(self, ids: list[str]) -> dict[str, ItemState]:
+        """The states of ``ids``, from the vectorized fold; folded one by one (for their failed and retried
+        attempts) only where the generation holds more than its ITEM_CREATED and has not ended.
+
+        A round reads the states of every item of the chunk twice; the reference fold of each costs ~100 us,
+        and in the common rounds (a fresh submission, the first recording of its results) no item needs it.
+        """
+        table = self.log.states_of(ids)
+        cols = table.select(["item_id", "status", "input_fingerprint", "processor_version", "created_seq", "last_seq"])
+        out: dict[str, ItemState] = {}
+        deep: list[str] = []
+        for iid, status, fp, pv, created, last in zip(*(cols[c].to_pylist() for c in cols.column_names), strict=True):
+            state = ItemStatus(status)
+            if state == ItemStatus.RUNNING and created != last:
+                deep.append(iid)  # attempts recorded in this generation: their count is needed
+                continue
+            out[iid] = ItemState(
+                iid, status=state, input_fingerprint=fp, processor_version=pv, created_seq=created, last_seq=last
+            )
+        if deep:
+            out.update(self.log.item_states(deep))
+        return out
+
+    # --- submitting -------------------------------------------------------------------------------
+
+    def _submit_pending(self, client: BatchClient) -> bool:
+        """Submit the pending items; whether the provider refused a batch of them (they may be pending again)."""
+        open_ids = {i for s in self._ours(batches.open_submissions(self.log)) for i in s.item_ids}
+        states = self._states([it.item_id for it in self.items])
+        todo: list[tuple[SourceItem, int, bool]] = []  # (item, attempt, new generation)
+        for it in self.items:
+            state = states.get(it.item_id)
+            if it.item_id in open_ids:
+                continue
+            same = state is not None and state.input_fingerprint == it.fingerprint
+            if same and state is not None and state.status in _DONE:
+                if it.item_id not in self._reported:
+                    self.report.skipped.append(it.item_id)
+                    self._reported.add(it.item_id)
+                continue
+            if it.item_id in self.given_up or self.submitted.get(it.item_id, 0) >= self.max_attempts:
+                continue  # failed this run: a rerun resubmits it
+            fresh = not (
+                same
+                and state is not None
+                and state.status == ItemStatus.RUNNING
+                and state.processor_version == self.processor_version
+            )
+            attempt = 1 if fresh or state is None else state.failures + state.retries + 1
+            todo.append((it, attempt, fresh))
+        if not todo:
+            return False
+        todo = todo[: self._affordable(len(todo))]
+        if not todo:
+            return False
+        lines: list[tuple[SourceItem, RequestLine, bool]] = []
+        with self.writer.batch() as b:
+            for it, attempt, fresh in todo:
+                cid = custom_id(it.item_id, it.fingerprint, attempt)
+                if fresh:
+                    b.item_created(
+                        it.item_id, input_fingerprint=it.fingerprint, processor_version=self.processor_version
+                    )
+                self.submitted[it.item_id] = self.submitted.get(it.item_id, 0) + 1
+                try:
+                    line = self.step.request(it.data, it.item_id, cid)
+                except DatagenError as exc:  # a prompt the item cannot render: it fails alone, never sent
+                    b.failed(it.item_id, error=exc, at=StepCoord(step=self.step.step_name), attempt=attempt)
+                    self._give_up(it.item_id, exc)
+                    continue
+                lines.append((it, line, fresh))
+        refused = False
+        for group in self._split(client, lines):
+            refused = not self._submit(client, group) or refused
+        return refused
+
+    def _split(
+        self, client: BatchClient, lines: list[tuple[SourceItem, RequestLine, bool]]
+    ) -> list[list[tuple[SourceItem, RequestLine, bool]]]:
+        step = self.step
+        max_n = min(client.max_requests, step.max_requests_per_batch or client.max_requests)
+        max_b = min(client.max_bytes, step.max_bytes_per_batch or client.max_bytes)
+        groups: list[list[tuple[SourceItem, RequestLine, bool]]] = []
+        cur: list[tuple[SourceItem, RequestLine, bool]] = []
+        size = 0
+        for entry in lines:
+            n = client.line_bytes(entry[1])
+            if n > max_b:
+                raise ConfigurationError(
+                    f"the batch request of item {entry[0].item_id!r} is {n:,} bytes, above the most one batch may "
+                    f"hold ({max_b:,} bytes, max_bytes_per_batch or the provider's limit); shorten its prompt "
+                    "or raise max_bytes_per_batch"
+                )
+            if cur and (len(cur) >= max_n or size + n > max_b):
+                groups.append(cur)
+                cur, size = [], 0
+            cur.append(entry)
+            size += n
+        if cur:
+            groups.append(cur)
+        return groups
+
+    def _submit(self, client: BatchClient, group: list[tuple[SourceItem, RequestLine, bool]]) -> bool:
+        """Submit one batch of ``group``; False when the provider refused it (its rows failed)."""
+        cids = [line.custom_id for _, line, _ in group]
+        key = _submission_key(self.log.uri, cids)
+        sub = batches.Submission(
+            key, provider=client.provider, custom_ids=cids, item_ids=[it.item_id for it, _, _ in group]
+        )
+        batches.append(self.log, [self._row(sub, batches.INTENT, custom_ids=cids, item_ids=sub.item_ids)])
+        try:
+            batch_id = client.submit([line for _, line, _ in group], metadata=self._metadata(key))
+        except BatchAPIError as exc:
+            if not _refused_input(exc):
+                raise
+            self._refused(sub, exc)
+            return False
+        batches.append(self.log, [self._row(sub, batches.SUBMITTED, batch_id=batch_id)])
+        self.report.batches.append(batch_id)
+        logger.info("submitted batch %s: %d requests (submission %s)", batch_id, len(cids), key)
+        return True
+
+    def _affordable(self, wanted: int) -> int:
+        """How many of ``wanted`` items the budget lets one submission hold (all without a budget)."""
+        if self.budget_usd is None and self.budget_tokens is None:
+            return wanted
+        nanos, tokens = self.log.usage_spend()
+        spent_usd = nanos / 1e9
+        if (self.budget_usd is not None and spent_usd >= self.budget_usd) or (
+            self.budget_tokens is not None and tokens >= self.budget_tokens
+        ):
+            self.report.stopped_by_budget = True
+            logger.warning(
+                "the budget is reached (%.6f USD, %d tokens spent): nothing more is submitted", spent_usd, tokens
+            )
+            return 0
+        done = self.log.summary().get("completed", 0)
+        if not done:
+            return wanted  # nothing known yet of what an item costs
+        cap = wanted
+        if self.budget_usd is not None and spent_usd > 0:
+            cap = min(cap, math.floor((self.budget_usd - spent_usd) / (spent_usd / done)))
+        if self.budget_tokens is not None and tokens > 0:
+            cap = min(cap, math.floor((self.budget_tokens - tokens) / (tokens / done)))
+        if cap < wanted:
+            self.report.stopped_by_budget = cap == 0
+            logger.info(
+                "the budget covers %d more items at the mean cost so far; submitting %d of %d", cap, cap, wanted
+            )
+        return max(cap, 0)
+
+    def _metadata(self, key: str) -> dict[str, str]:
+        return {SUBMISSION_KEY: key, EXPERIMENT_KEY: f"{self.log.pipeline}/{self.log.experiment}"[:512]}
+
+    def _row(self, sub: batches.Submission, kind: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "submission_key": sub.submission_key,
+            "kind": kind,
+            "provider": sub.provider,
+            "batch_id": extra.pop("batch_id", sub.batch_id),
+            "writer_id": self.writer.writer_id,
+            "writer_epoch": self.writer.epoch,
+            **extra,
+        }
+
+
+def _refused_input(exc: BatchAPIError) -> bool:
+    """Whether the provider refused what the batch holds (HTTP 400, 413, 422), rather than the call
+    itself (a bad key, a missing permission): those fail the rows; the others end the run."""
+    return getattr(exc.__cause__, "status_code", None) in (400, 413, 422)
+
+
+def _recorded(state: ItemState | None, item: SourceItem, attempt: int) -> bool:
+    """Whether the log already holds the outcome of ``item``'s ``attempt`` (a row recorded before a crash)."""
+    if state is None or state.input_fingerprint != item.fingerprint:
+        return False
+    return state.status in _DONE or state.failures + state.retries >= attempt
+
+
+def run_batch(
+    log: CheckpointLog,
+    items: Iterable[Any],
+    step: BatchStep,
+    *,
+    processor_version: str,
+    writer_id: str,
+    epoch: int,
+    poll_interval: float = 60,
+    retry: RetryPolicy | None = None,
+    budget_usd: float | None = None,
+    budget_tokens: int | None = None,
+    key_field: str = "id",
+    sleep: Callable[[float], None] = time.sleep,
+) -> BatchReport:
+    """Submit the pending ``items`` through ``step``'s batch API, poll, record each result; a :class:`BatchReport`.
+
+    Takes the same ``items`` as ``run_items`` and skips what the log says is done; rounds of
+    :class:`BatchRun` repeat until no submission of these items is open (errored, expired and cancelled
+    rows are resubmitted alone up to ``retry.attempts`` submissions per item). ``poll_interval``: seconds
+    between polls of the open batches. The report's ``batches`` lists every batch submitted or re-attached
+    to; ``stopped_by_budget`` says the budget held items back (they stay pending).
+    """
+    if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or poll_interval < 0:
+        raise bad_argument("run_batch", "poll_interval", poll_interval, "is not a number of seconds >= 0", "e.g. 60")
+    run = BatchRun(
+        log,
+        items,
+        step,
+        processor_version=processor_version,
+        writer_id=writer_id,
+        epoch=epoch,
+        key_field=key_field,
+        retry=retry,
+        budget_usd=budget_usd,
+        budget_tokens=budget_tokens,
+    )
+    client = step.client()
+    try:
+        while True:
+            still = run.advance(client)
+            if not still:
+                break
+            while not run.poll(client, still):
+                sleep(poll_interval)
+    finally:
+        client.close()
+    run.report.in_batch = 0
+    run.report.events = run.writer.events_written
+    return run.report
