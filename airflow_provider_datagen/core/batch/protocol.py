@@ -84,7 +84,8 @@ class BatchClient(Protocol):
         """Create a batch of ``lines`` (uploading its input file first where the API needs one); its id.
 
         ``metadata`` (string keys and values, each under 64/512 characters) is stored with the batch
-        where the provider keeps metadata, for :meth:`find`.
+        where the provider keeps metadata, for :meth:`find`; a client may add keys of its own (OpenAI's
+        adds ``datagen_json_rows``: which rows asked a JSON answer, read back by :meth:`results`).
         """
         ...
 
