@@ -31,6 +31,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.core.batch.protocol import BatchInfo
 from airflow_provider_datagen.core.events import StepCoord
 from airflow_provider_datagen.core.fold import ItemState
 from airflow_provider_datagen.core.ids import check_field_name
@@ -207,7 +208,15 @@ class BatchRun:
     def _poll_one(self, client: BatchClient, sub: batches.Submission) -> bool:
         """Retrieve ``sub``'s batch; record an end (or the provider's failure of it). Whether it ended."""
         assert sub.batch_id is not None
-        info = client.retrieve(sub.batch_id)
+        try:
+            info = client.retrieve(sub.batch_id)
+        except BatchAPIError as exc:
+            if getattr(exc.__cause__, "status_code", None) != 404:
+                raise
+            # the provider no longer knows the batch (deleted, or past its retention): nothing of it will
+            # come back, so it ends as failed whole, its rows failed attempts resubmitted while attempts are
+            # left (else every run would ask for it again and raise)
+            info = BatchInfo(sub.batch_id, "failed", "not_found", {}, f"the provider no longer knows it ({exc})")
         if info.state == "in_progress":
             return False
         kind = batches.ENDED if info.state == "ended" else batches.FAILED

@@ -443,6 +443,31 @@ def test_a_batch_the_provider_fails_whole_is_a_failed_attempt_of_each_row(
     assert states == {fake.batches[0].id: batches.FAILED, fake.batches[1].id: batches.RECORDED}
 
 
+def test_a_batch_the_provider_no_longer_knows_fails_its_rows_and_they_are_resubmitted(
+    fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]
+) -> None:
+    items = make_items(3)
+    log = checkpoint_log()
+    step = openai_step(fake.base_url)
+    fake.complete_after_polls = 1000
+    run = BatchRun(log, items, step, processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    client = step.client()
+    try:
+        (sub,) = run.advance(client)
+    finally:
+        client.close()
+    with fake.lock:
+        fake.batches.clear()  # the provider forgot it: retrieve answers 404
+    fake.complete_after_polls = 0
+    report = run_b(log, items, step, retry=RetryPolicy(attempts=2))
+    assert len(report.processed) == 3 and fake.creates == 2  # the lost batch, then the resubmission
+    (failure,) = log.failures("i00000")
+    assert failure.transient is True  # an attempt was left: resubmitted, not failed for good
+    assert "the provider no longer knows it" in failure.message and "HTTP 404" in failure.message
+    states = {s.batch_id: s.kind for s in batches.read(log).values()}
+    assert states[sub.batch_id] == batches.FAILED and list(states.values()).count(batches.RECORDED) == 1
+
+
 def test_a_budget_already_reached_submits_nothing(
     fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]
 ) -> None:
