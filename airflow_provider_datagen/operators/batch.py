@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from airflow_provider_datagen.operators.base import (
 )
 from airflow_provider_datagen.operators.map import retry_dict
 from airflow_provider_datagen.operators.plan import check_budget_arguments, check_redo_completed_argument
-from airflow_provider_datagen.operators.process import PROCESS_PATH_RE
+from airflow_provider_datagen.operators.process import PROCESS_PATH_RE, import_path
 from airflow_provider_datagen.triggers.batch import DatagenBatchTrigger, check_poll_interval
 
 if TYPE_CHECKING:
@@ -65,27 +64,7 @@ def resolve_batch_step(owner: object, process: Any) -> BatchStep:
     check_batch_process(owner, process)
     if not isinstance(process, str):
         return process
-    module_name, _, attr = process.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise bad_argument(
-            owner,
-            "process",
-            process,
-            f"names a module it cannot import: module {module_name!r} ({exc})",
-            "make it importable on the workers (a package, or a module next to the DAG file)",
-        ) from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise bad_argument(
-                owner,
-                "process",
-                process,
-                f"names a missing attribute: module {module_name!r} has no attribute {attr!r}",
-                "check the name after the ':'",
-            )
-        obj = getattr(obj, part)
+    obj = import_path(owner, process)
     if not _is_batch_step(obj):
         raise bad_argument(owner, "process", process, f"is a {type(obj).__name__}, not a batch step", _STEP_FIX)
     return obj

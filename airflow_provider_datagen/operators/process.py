@@ -32,27 +32,7 @@ def resolve_process(process: Any) -> Any:
         return process
     if not isinstance(process, str) or not PROCESS_PATH_RE.match(process):
         raise bad_process(process)
-    module_name, _, attr = process.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise bad_argument(
-            "DatagenMapOperator",
-            "process",
-            process,
-            f"names a module it cannot import: module {module_name!r} ({exc})",
-            "make it importable on the workers (a package, or a module next to the DAG file)",
-        ) from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise bad_argument(
-                "DatagenMapOperator",
-                "process",
-                process,
-                f"names a missing attribute: module {module_name!r} has no attribute {attr!r}",
-                "check the name after the ':'",
-            )
-        obj = getattr(obj, part)
+    obj = import_path("DatagenMapOperator", process)
     if not (isinstance(obj, Step) or callable(obj)):
         raise bad_argument(
             "DatagenMapOperator",
@@ -61,4 +41,30 @@ def resolve_process(process: Any) -> Any:
             f"is a {type(obj).__name__}, not a callable or a Step",
             "point it at a function or a step pipeline",
         )
+    return obj
+
+
+def import_path(owner: object, process: str) -> Any:
+    """The object a ``"package.module:name"`` path names, imported now (on the worker); errors name ``owner``."""
+    module_name, _, attr = process.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise bad_argument(
+            owner,
+            "process",
+            process,
+            f"names a module it cannot import: module {module_name!r} ({exc})",
+            "make it importable on the workers (a package, or a module next to the DAG file)",
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise bad_argument(
+                owner,
+                "process",
+                process,
+                f"names a missing attribute: module {module_name!r} has no attribute {attr!r}",
+                "check the name after the ':'",
+            )
+        obj = getattr(obj, part)
     return obj
