@@ -22,15 +22,14 @@ Airflow operator runs one round per task resumption and polls from the triggerer
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.core.batch.ids import attempt_of, base_of, custom_id, submission_key
 from airflow_provider_datagen.core.batch.protocol import BatchInfo
 from airflow_provider_datagen.core.events import StepCoord
 from airflow_provider_datagen.core.fold import ItemState
@@ -90,30 +89,6 @@ class BatchReport(RunReport):
         return super().__repr__()[:-1] + f", batches={len(self.batches)}, in_batch={self.in_batch})"
 
 
-def custom_id(item_id: str, fingerprint: str, attempt: int) -> str:
-    """A request's ``custom_id``: a digest of the item id and its input fingerprint, then ``-<attempt>``.
-
-    Deterministic (a crash and a rerun ask the same ids); within Anthropic's ``^[a-zA-Z0-9_-]{1,64}$``.
-    The part before the last ``-`` is the item's base, the same for each of its attempts.
-    """
-    digest = hashlib.sha256(f"{item_id}\x00{fingerprint}".encode()).hexdigest()[:40]
-    return f"{digest}-{attempt}"
-
-
-def attempt_of(cid: str) -> int:
-    """The attempt a ``custom_id`` of :func:`custom_id` was made for."""
-    return int(cid.rsplit("-", 1)[1])
-
-
-def _submission_key(log_uri: str, custom_ids: Sequence[str]) -> str:
-    """A new submission's key, unique: the intent row records it before the provider is asked, so a
-    re-attach reads it back. Not a digest of the custom_ids alone: a new generation of the same items
-    (a new step version after they failed) asks the same custom_ids again, and a key equal to the
-    earlier, closed submission's would fold the new one into it (never polled, never recorded)."""
-    nonce = uuid.uuid4().hex
-    return hashlib.sha256("\n".join([log_uri, nonce, *sorted(custom_ids)]).encode()).hexdigest()[:32]
-
-
 class BatchRun:
     """The batch run of ``items`` through ``step`` into ``log`` at ``(writer_id, epoch)``; see the module doc.
 
@@ -157,7 +132,7 @@ class BatchRun:
         # run_items's items: dicts, or the SourceItems a plan's chunk gives (core/chunks.chunk_items)
         self.items: list[SourceItem] = as_source(items, key_field)
         self.by_id = {it.item_id: it for it in self.items}
-        self.by_base = {custom_id(it.item_id, it.fingerprint, 0).rsplit("-", 1)[0]: it for it in self.items}
+        self.by_base = {base_of(custom_id(it.item_id, it.fingerprint, 0)): it for it in self.items}
         self.writer: LogWriter = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
         self.report = BatchReport()
         #: submissions this run made per item (a row that did not succeed counts; a prompt error too)
@@ -266,7 +241,7 @@ class BatchRun:
         self._fail_rows(sub, sub.custom_ids, f"the provider refused the batch: {exc}")
 
     def _line(self, cid: str) -> RequestLine | None:
-        item = self.by_base.get(cid.rsplit("-", 1)[0])
+        item = self.by_base.get(base_of(cid))
         if item is None:
             return None
         return self.step.request(item.data, item.item_id, cid)
@@ -275,9 +250,7 @@ class BatchRun:
 
     def _record(self, client: BatchClient, sub: batches.Submission) -> None:
         assert sub.batch_id is not None
-        wanted = {
-            cid: self.by_base[cid.rsplit("-", 1)[0]] for cid in sub.custom_ids if cid.rsplit("-", 1)[0] in self.by_base
-        }
+        wanted = {cid: self.by_base[base_of(cid)] for cid in sub.custom_ids if base_of(cid) in self.by_base}
         states = self._states([it.item_id for it in wanted.values()])
         seen: set[str] = set()
         pending: list[tuple[SourceItem, str, RowResult]] = []
@@ -377,7 +350,7 @@ class BatchRun:
     def _fail_rows(self, sub: batches.Submission, cids: Iterable[str], why: str) -> None:
         with self.writer.batch() as b:
             for cid in cids:
-                item = self.by_base.get(cid.rsplit("-", 1)[0])
+                item = self.by_base.get(base_of(cid))
                 if item is not None:
                     err = BatchRowError(f"batch {sub.batch_id}: row {cid}: {why}")
                     self._stage_failure(
@@ -489,7 +462,7 @@ class BatchRun:
     def _submit(self, client: BatchClient, group: list[tuple[SourceItem, RequestLine, bool]]) -> bool:
         """Submit one batch of ``group``; False when the provider refused it (its rows failed)."""
         cids = [line.custom_id for _, line, _ in group]
-        key = _submission_key(self.log.uri, cids)
+        key = submission_key(self.log.uri, cids)
         sub = batches.Submission(
             key, provider=client.provider, custom_ids=cids, item_ids=[it.item_id for it, _, _ in group]
         )
