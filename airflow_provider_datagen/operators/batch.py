@@ -10,7 +10,8 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_datagen._arguments import bad_argument
 
-# a light module (no Lance, pyarrow or numpy): DAG parsing may import it
+# light modules (no Lance, pyarrow or numpy): DAG parsing may import them
+from airflow_provider_datagen.core.batch.cancel import cancel_each
 from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 from airflow_provider_datagen.exceptions import BatchAPIError, ConfigurationError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
@@ -143,8 +144,9 @@ class DatagenBatchOperator(DatagenBaseOperator):
     :param processor_version: version of ``process``. Mapped over a plan, the chunk carries the plan's
         and this may be left out; when given it must match the plan's. Without a plan, the step's
         ``version`` if not given.
-    :param redo_completed: set by ``expand_kwargs(plan.output)``; only ``"never"`` is supported (a batch
-        run never regenerates an item completed under another version).
+    :param redo_completed: ``"never"`` or ``"other_version"`` (see :class:`DatagenPlanOperator`). Mapped
+        over a plan, the chunk carries the plan's and this may be left out; when given it must match.
+        ``"other_version"`` submits items completed under another processor version again.
     :param chunk: a chunk from the plan, a :class:`~airflow_provider_datagen.core.ChunkSpec`'s XCom dict
         (set by ``expand_kwargs``).
     :param source: without a plan, the source to run whole (list or path/URI).
@@ -213,7 +215,7 @@ class DatagenBatchOperator(DatagenBaseOperator):
         self.process = check_batch_process(self, process)
         #: None: the chunk's (the plan's), or the step's version without a plan
         self.processor_version = processor_version
-        self.redo_completed = None if redo_completed is None else _check_redo(self, redo_completed)
+        self.redo_completed = None if redo_completed is None else check_redo_completed_argument(self, redo_completed)
         self.chunk = check_chunk_or_source(self, chunk, source)
         self.source = source
         self.key_field = key_field
@@ -278,7 +280,8 @@ class DatagenBatchOperator(DatagenBaseOperator):
         """Rounds of the batch run until nothing is open (deferring in between when deferrable)."""
         spec = self.spec()
         items, key_field, processor_version = self._items(spec, step)
-        run = self._run(context, event_log, items, step, key_field, processor_version, carry.epoch)
+        redo = spec.redo_completed if spec is not None else (self.redo_completed or "never")
+        run = self._run(context, event_log, items, step, key_field, processor_version, carry.epoch, redo)
         run.submitted = dict(carry.submitted)
         if hasattr(run, "given_up"):
             run.given_up = set(carry.given_up)
@@ -323,6 +326,7 @@ class DatagenBatchOperator(DatagenBaseOperator):
         key_field: str,
         processor_version: str,
         epoch: int,
+        redo_completed: str,
     ) -> BatchRun:
         # Deferred: core imports Lance, which DAG parsing must not pay for.
         from airflow_provider_datagen.core.batch import BatchRun
@@ -342,6 +346,7 @@ class DatagenBatchOperator(DatagenBaseOperator):
             budget_tokens=self.budget_tokens,
             # the task instance in every event, as the map task's (the failure lens shows them)
             airflow=_coords(context),
+            redo_completed=redo_completed,
         )
         return run
 
@@ -361,7 +366,6 @@ class DatagenBatchOperator(DatagenBaseOperator):
             processor_version=self.processor_version,
             redo_completed=self.redo_completed,
         )
-        _check_redo(self, spec.redo_completed)
         items = chunk_items(
             spec,
             pipeline=self.pipeline,
@@ -407,27 +411,9 @@ class DatagenBatchOperator(DatagenBaseOperator):
         step, batch_ids = waiting
         client: BatchClient = step.client()
         try:
-            for batch_id in batch_ids:
-                try:
-                    client.cancel(batch_id)
-                    self.log.warning("cancelled batch %s: the task was killed", batch_id)
-                except Exception as exc:  # the others must still be cancelled
-                    self.log.warning("could not cancel batch %s: %s", batch_id, exc)
+            cancel_each(client, batch_ids, why="the task was killed", log=self.log)
         finally:
             client.close()
-
-
-def _check_redo(owner: object, value: Any) -> str:
-    value = check_redo_completed_argument(owner, value)  # type: ignore[arg-type]
-    if value != "never":
-        raise bad_argument(
-            owner,
-            "redo_completed",
-            value,
-            "is not supported by the batch operator",
-            "plan with redo_completed='never', or regenerate other versions' items with DatagenMapOperator",
-        )
-    return str(value)
 
 
 def _try_number(context: Context) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import hashlib
 import json
 import uuid
 from decimal import Decimal
@@ -17,10 +18,12 @@ from hypothesis import strategies as st
 from airflow_provider_datagen.core.events import (
     canonical_json,
     canonical_source_json,
+    encode_value,
     fingerprint_of,
     orjson_canonical,
     orjson_plain,
 )
+from airflow_provider_datagen.core.schema import VALUE_KIND_JSON
 from airflow_provider_datagen.exceptions import InvalidValueError
 from tests._support.profiles import examples
 
@@ -136,3 +139,26 @@ def test_errors_are_the_stdlib_paths() -> None:
         fingerprint_of({"id": "a", "x": float("nan")})
     with pytest.raises(InvalidValueError, match="not JSON-serializable"):
         fingerprint_of({"id": "a", "u": uuid.UUID(int=1)})
+
+
+@settings(max_examples=examples(300), deadline=None, derandomize=True)
+@given(st.text() | st.sampled_from(EDGE_TEXT))
+def test_encode_value_of_a_str_is_the_canonical_encoding(text: str) -> None:
+    """encode_value's str fast path (orjson straight away) gives the text, size and digest the general path
+    (the stdlib's canonical form) gives; a lone surrogate still raises the general path's error."""
+    try:
+        expected = STDLIB.encode(text).encode("utf-8")
+    except UnicodeEncodeError:
+        with pytest.raises(InvalidValueError, match="lone surrogate"):
+            encode_value(text, what="field 'x'")
+        return
+    enc = encode_value(text)
+    assert (enc.kind, enc.json_text, enc.blob, enc.size, enc.digest) == (
+        VALUE_KIND_JSON,
+        expected.decode("utf-8"),
+        None,
+        len(expected),
+        hashlib.sha256(expected).hexdigest(),
+    )
+    over = encode_value(text, blob_threshold=len(expected) - 1)
+    assert (over.json_text, over.blob, over.digest) == (None, expected, enc.digest)

@@ -36,12 +36,12 @@ from airflow_provider_datagen.llm.batch.step import llm_batch
 from airflow_provider_datagen.operators.batch import DatagenBatchOperator
 from airflow_provider_datagen.operators.datagen import DatagenPlanOperator
 
-step = llm_batch("Upper-case this: {{{{ text }}}}", {step_kwargs})
+step = llm_batch({prompt!r}, {step_kwargs})
 
 with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False,
          default_args={{"retries": 0}}):
     plan = DatagenPlanOperator(task_id="plan", pipeline={pipeline!r}, experiment={experiment!r},
-                               source={source!r}, key_field="id", chunk_size=5, processor_version=step.version)
+                               source={source!r}, key_field="id", chunk_size=5, processor_version=step.version{plan_extra})
     DatagenBatchOperator.partial(task_id="generate", pipeline={pipeline!r}, experiment={experiment!r},
                                  process={process}, poll_interval=0.01{extra}).expand_kwargs(plan.output)
 """
@@ -55,8 +55,12 @@ def batch_dag(
     extra: str = "",
     process: str = "step",
     conn_id: str | None = None,
+    experiment: str | None = None,
+    prompt: str = "Upper-case this: {{ text }}",
+    plan_extra: str = "",
 ) -> str:
-    """A plan >> mapped batch DAG over ``n`` items (chunks of 5) on pipeline ``batchops``, experiment ``dag_id``."""
+    """A plan >> mapped batch DAG over ``n`` items (chunks of 5) on pipeline ``batchops``, experiment ``dag_id``
+    unless ``experiment`` is given."""
     if conn_id is not None:
         step_kwargs = f"llm_conn_id={conn_id!r}"
     else:
@@ -66,8 +70,10 @@ def batch_dag(
         DAG_TEMPLATE.format(
             dag_id=dag_id,
             pipeline=PIPELINE,
-            experiment=dag_id,
+            experiment=experiment or dag_id,
             source=sample_items(n),
+            prompt=prompt,
+            plan_extra=plan_extra,
             step_kwargs=step_kwargs,
             process=process,
             extra=extra,
@@ -263,11 +269,45 @@ def test_bad_arguments_are_refused_when_the_dag_is_parsed(kwargs: dict[str, Any]
         DatagenBatchOperator(**{**base, **kwargs}, source=[{"id": "1"}])
 
 
-def test_redo_completed_other_version_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match=r"redo_completed='other_version' is not supported by the batch op"):
+def test_redo_completed_takes_the_plans_values_only() -> None:
+    op = DatagenBatchOperator(
+        task_id="g", pipeline=PIPELINE, experiment="e", process=_STEP, source=[], redo_completed="other_version"
+    )
+    assert op.redo_completed == "other_version"
+    with pytest.raises(ConfigurationError, match=r"redo_completed='always'"):
         DatagenBatchOperator(
-            task_id="g", pipeline=PIPELINE, experiment="e", process=_STEP, source=[], redo_completed="other_version"
+            task_id="g", pipeline=PIPELINE, experiment="e", process=_STEP, source=[], redo_completed="always"
         )
+
+
+def test_a_plan_with_other_version_resubmits_items_completed_under_another_version(
+    run_dag_file: Callable[..., Any], fake: FakeBatchServer
+) -> None:
+    _upper_answers(fake)
+    run = run_dag_file(batch_dag("batch_redo_v1", fake=fake, experiment="batch_redo"), "batch_redo_v1")
+    assert run.state == "success", run.task_errors
+    old_version = batch_log("batch_redo").item_state("3").processor_version
+    assert set(fake.requests_per_custom_id_base.values()) == {1}
+
+    # the step's prompt changed (a new version); a plan that keeps other versions' items submits nothing
+    edited = {"experiment": "batch_redo", "prompt": "Upper-case this, again: {{ text }}"}
+    run = run_dag_file(batch_dag("batch_redo_keep", fake=fake, **edited), "batch_redo_keep")
+    assert run.state == "success", run.task_errors
+    assert fake.creates == 2 and set(fake.requests_per_custom_id_base.values()) == {1}
+    assert batch_log("batch_redo").item_state("3").processor_version == old_version
+
+    # one with redo_completed="other_version" submits every item again, as a new generation
+    fake.answer = lambda body: body["messages"][-1]["content"].upper()
+    src = batch_dag("batch_redo_v2", fake=fake, plan_extra=', redo_completed="other_version"', **edited)
+    run = run_dag_file(src, "batch_redo_v2")
+    assert run.state == "success", run.task_errors
+    assert fake.creates == 4
+    assert sorted(fake.requests_per_custom_id_base.values()) == [2] * 10
+    assert [run.xcom("generate", map_index=i)["processed"] for i in (0, 1)] == [5, 5]
+    log = batch_log("batch_redo")
+    state = log.item_state("3")
+    assert state.processor_version != old_version and state.fields["output"] == "UPPER-CASE THIS, AGAIN: ITEM NUMBER 3"
+    assert log.summary()["completed"] == 10
 
 
 _STEP = llm_batch("{{ text }}", model_id=MODEL, base_url="http://127.0.0.1:9/v1", api_key="k")

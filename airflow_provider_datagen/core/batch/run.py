@@ -22,23 +22,26 @@ Airflow operator runs one round per task resumption and polls from the triggerer
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import orjson
+import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.batch.ids import attempt_of, base_of, custom_id, submission_key
 from airflow_provider_datagen.core.batch.protocol import BatchInfo
-from airflow_provider_datagen.core.events import StepCoord
-from airflow_provider_datagen.core.fold import ItemState
+from airflow_provider_datagen.core.events import EncodedValue, StepCoord, canonical_json, digest, encode_value
 from airflow_provider_datagen.core.ids import check_field_name
 from airflow_provider_datagen.core.ledger.pricing import price_usd
 from airflow_provider_datagen.core.ledger.records import attempt_entries, usage_record
-from airflow_provider_datagen.core.planner import as_source
+from airflow_provider_datagen.core.planner import REDO_NEVER, REDO_OTHER_VERSION, as_source, check_redo_completed
 from airflow_provider_datagen.core.runner.report import RunReport
-from airflow_provider_datagen.core.schema import ItemStatus, StepKind
+from airflow_provider_datagen.core.schema import DEFAULT_BLOB_THRESHOLD, VALUE_KIND_JSON, ItemStatus
 from airflow_provider_datagen.core.store import batches
 from airflow_provider_datagen.exceptions import (
     BatchAPIError,
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.batch.protocol import BatchClient, BatchStep, RequestLine, RowResult
     from airflow_provider_datagen.core.retry import RetryPolicy
     from airflow_provider_datagen.core.sources import SourceItem
+    from airflow_provider_datagen.core.store.completions import Completion
     from airflow_provider_datagen.core.store.log import CheckpointLog
     from airflow_provider_datagen.core.store.writer import LogWriter
 
@@ -70,7 +74,17 @@ RECORD_COMMIT_ITEMS = 5_000
 #: metadata keys a submitted batch carries (OpenAI keeps them; :meth:`BatchClient.find` matches them)
 SUBMISSION_KEY = "datagen_submission"
 EXPERIMENT_KEY = "datagen_experiment"
-_DONE = (ItemStatus.COMPLETED, ItemStatus.FILTERED)
+_DONE = (ItemStatus.COMPLETED.value, ItemStatus.FILTERED.value)
+
+
+class _Seen(NamedTuple):
+    """What a round needs of an item's state in the log (an :class:`ItemState` costs ~2 us more to build)."""
+
+    status: str
+    input_fingerprint: str | None
+    processor_version: str | None
+    #: failed and retried attempts of its running generation (0 where none is recorded)
+    attempts: int
 
 
 @dataclass(repr=False)
@@ -99,6 +113,8 @@ class BatchRun:
         more items than the rest covers at the mean cost of the items recorded so far.
     :param budget_tokens: the same for tokens.
     :param airflow: the task instance's coordinates stored in every event (the operator's), as ``run_items``'s.
+    :param redo_completed: ``"never"`` keeps items completed (or filtered) under another processor version;
+        ``"other_version"`` submits them again as a new generation, as ``run_items`` regenerates them.
     """
 
     def __init__(
@@ -115,7 +131,9 @@ class BatchRun:
         budget_usd: float | None = None,
         budget_tokens: int | None = None,
         airflow: dict[str, Any] | None = None,
+        redo_completed: str = REDO_NEVER,
     ) -> None:
+        self.redo_other = check_redo_completed("run_batch", redo_completed) == REDO_OTHER_VERSION
         for param, budget in (("budget_usd", budget_usd), ("budget_tokens", budget_tokens)):
             if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
                 raise bad_argument("run_batch", param, budget, "is not a positive number", "e.g. 25.0, or None")
@@ -137,12 +155,14 @@ class BatchRun:
         self.report = BatchReport()
         #: submissions this run made per item (a row that did not succeed counts; a prompt error too)
         self.submitted: dict[str, int] = {}
-        self._usage_entries: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+        self._usage_entries: dict[tuple[str, int, int], tuple[list[dict[str, Any]], str]] = {}
         #: items that failed for good in this run (attempts spent, an invalid answer, a prompt that cannot
         #: render): never submitted again by this run (a rerun resubmits them)
         self.given_up: set[str] = set()
         #: the report's processed and skipped items, for membership tests
         self._reported: set[str] = set()
+        #: submissions still open for another chunk's items after this run recorded its own rows of them
+        self._recorded_here: set[str] = set()
 
     # --- one round --------------------------------------------------------------------------------
 
@@ -167,7 +187,10 @@ class BatchRun:
         return done
 
     def _ours(self, subs: Iterable[batches.Submission]) -> list[batches.Submission]:
-        return [s for s in subs if any(i in self.by_id for i in s.item_ids)]
+        """The open submissions holding items of this run, but those whose rows of them it has recorded."""
+        return [
+            s for s in subs if s.submission_key not in self._recorded_here and any(i in self.by_id for i in s.item_ids)
+        ]
 
     def _move_on(self, client: BatchClient, sub: batches.Submission) -> None:
         if sub.batch_id is None:
@@ -253,14 +276,15 @@ class BatchRun:
         wanted = {cid: self.by_base[base_of(cid)] for cid in sub.custom_ids if base_of(cid) in self.by_base}
         states = self._states([it.item_id for it in wanted.values()])
         seen: set[str] = set()
-        pending: list[tuple[SourceItem, str, RowResult]] = []
+        pending: list[tuple[SourceItem, int, RowResult]] = []  # (item, attempt, row)
         for row in client.results(sub.batch_id):
             item = wanted.get(row.custom_id)
             if item is None or row.custom_id in seen:
                 continue  # a row of another chunk's item, or a duplicate line
             seen.add(row.custom_id)
-            if not _recorded(states.get(item.item_id), item, attempt_of(row.custom_id)):
-                pending.append((item, row.custom_id, row))
+            attempt = attempt_of(row.custom_id)
+            if not _recorded(states.get(item.item_id), item, attempt):
+                pending.append((item, attempt, row))
             if len(pending) >= RECORD_COMMIT_ITEMS:
                 self._commit_rows(sub, pending)
                 pending = []
@@ -272,56 +296,89 @@ class BatchRun:
         ]
         if missing:
             self._fail_rows(sub, missing, "the batch's results hold no row for it")
+        if self._others_unsettled(sub):
+            # items of another chunk (the plan's chunking changed since the submission): their rows are
+            # theirs to record, so the submission stays open for their run instead of being closed with
+            # their rows dropped (they would be submitted and paid for again)
+            self._recorded_here.add(sub.submission_key)
+            return
         batches.append(self.log, [self._row(sub, batches.RECORDED)])
         sub.kind = batches.RECORDED
 
-    def _commit_rows(self, sub: batches.Submission, rows: list[tuple[SourceItem, str, RowResult]]) -> None:
+    def _others_unsettled(self, sub: batches.Submission) -> bool:
+        """Whether an item of ``sub`` outside this run's items still waits for its row to be recorded."""
+        others = [(iid, cid) for iid, cid in zip(sub.item_ids, sub.custom_ids, strict=True) if iid not in self.by_id]
+        if not others:
+            return False
+        states = self._states(list(dict.fromkeys(iid for iid, _ in others)))
+        for iid, cid in others:
+            state = states.get(iid)
+            if state is None or state.status != ItemStatus.RUNNING.value or state.input_fingerprint is None:
+                continue  # done, released, or never created: nothing of it waits
+            if base_of(custom_id(iid, state.input_fingerprint, 0)) != base_of(cid):
+                continue  # its input changed since: the row is of an older generation
+            if state.attempts < attempt_of(cid):
+                return True
+        return False
+
+    def _commit_rows(self, sub: batches.Submission, rows: list[tuple[SourceItem, int, RowResult]]) -> None:
         if not rows:
             return
         report = self.report
         step_name = self.step.step_name
-        with self.writer.batch() as b:
-            for item, cid, row in rows:
-                attempt = attempt_of(cid)
-                where = {"batch_id": sub.batch_id or "", "custom_id": cid}
+        threshold = self.log.blob_threshold
+        batch_json = canonical_json(sub.batch_id or "")
+        where_of = {"batch_id": sub.batch_id or ""}
+        done: list[Completion] = []  # committed column by column (LogWriter.commit_completions)
+        with self.writer.batch() as b:  # the rest: failed rows and answers that are not answers
+            for item, attempt, row in rows:
+                cid = row.custom_id
                 if row.outcome != "succeeded":
                     err = BatchRowError(f"batch {sub.batch_id}: row {cid} {row.outcome}: {row.error or 'no detail'}")
-                    self._stage_failure(b, item, attempt, err, where)
+                    self._stage_failure(b, item, attempt, err, {**where_of, "custom_id": cid})
                     continue
-                usage = self._usage(row)
+                usage, usage_json = self._usage(row)
                 try:
                     fields = self.step.fields(row)
-                    for name in fields:  # an answer's keys become field names: one the log refuses fails alone
-                        check_field_name(name, OutputValidationError, f"row {cid}'s answer gives")
+                    encoded = []
+                    for name, value in fields.items():  # an answer's keys become field names: one the log
+                        check_field_name(name, OutputValidationError, f"row {cid}'s answer gives")  # refuses fails
+                        encoded.append((name, encode_value(value, blob_threshold=threshold, what=f"field {name!r}")))
                 except DatagenError as exc:
                     # paid for, but not an answer: the item fails with the usage it cost
                     b.failed(
-                        item.item_id, error=exc, at=StepCoord(step=step_name), attempt=attempt, usage=usage, batch=where
+                        item.item_id,
+                        error=exc,
+                        at=StepCoord(step=step_name),
+                        attempt=attempt,
+                        usage=usage,
+                        batch={**where_of, "custom_id": cid},
                     )
                     self._give_up(item.item_id, exc)
                     continue
-                for name, value in fields.items():
-                    b.field_set(item.item_id, name, value, step=step_name)
-                value = {"attempt": attempt, "usage": usage, "batch": True, **where}
-                b.step_completed(item.item_id, step=step_name, step_kind=StepKind.STEP.value, value=value)
-                b.terminal(item.item_id)
-                report.processed.append(item.item_id)
-                self._reported.add(item.item_id)
+                done.append((item.item_id, encoded, _completed_value(attempt, batch_json, cid, usage_json)))
+        if done:
+            self.writer.commit_completions(step_name, done)
+            for iid, _, _ in done:
+                report.processed.append(iid)
+                self._reported.add(iid)
         report.commits += 1
 
-    def _usage(self, row: RowResult) -> list[dict[str, Any]]:
+    def _usage(self, row: RowResult) -> tuple[list[dict[str, Any]], str]:
+        """The usage entries of ``row``'s attempt and their canonical JSON text."""
         label = self.step.model_label(row)
         key = (label, row.input_tokens, row.output_tokens)
-        entries = self._usage_entries.get(key)
-        if entries is None:
-            # rows repeat the same (model, tokens) often: checked, priced and shaped once (the entries are
-            # only encoded into each row's JSON, never changed)
+        cached = self._usage_entries.get(key)
+        if cached is None:
+            # rows repeat the same (model, tokens) often: checked, priced, shaped and encoded once (the
+            # entries are only encoded into each row's JSON, never changed)
             online = price_usd(label, row.input_tokens, row.output_tokens)
             cost = None if online is None else online * BATCH_PRICE_FACTOR
             entries = attempt_entries([usage_record(label, row.input_tokens, row.output_tokens, cost, 1)])
+            cached = (entries, canonical_json(entries, what=f"usage of row {row.custom_id}"))
             if len(self._usage_entries) < USAGE_CACHE_ENTRIES:
-                self._usage_entries[key] = entries
-        return entries
+                self._usage_entries[key] = cached
+        return cached
 
     def _stage_failure(
         self, b: Any, item: SourceItem, attempt: int, err: BaseException, where: Mapping[str, str]
@@ -357,27 +414,36 @@ class BatchRun:
                         b, item, attempt_of(cid), err, {"batch_id": sub.batch_id or "", "custom_id": cid}
                     )
 
-    def _states(self, ids: list[str]) -> dict[str, ItemState]:
-        """The states of ``ids``, from the vectorized fold; folded one by one (for their failed and retried
-        attempts) only where the generation holds more than its ITEM_CREATED and has not ended.
+    def _states(self, ids: list[str]) -> dict[str, _Seen]:
+        """What the log holds of ``ids``, from the vectorized fold; folded one by one (for their failed and
+        retried attempts) only where the generation holds more than its ITEM_CREATED and has not ended.
 
         A round reads the states of every item of the chunk twice; the reference fold of each costs ~100 us,
         and in the common rounds (a fresh submission, the first recording of its results) no item needs it.
         """
         table = self.log.states_of(ids)
-        cols = table.select(["item_id", "status", "input_fingerprint", "processor_version", "created_seq", "last_seq"])
-        out: dict[str, ItemState] = {}
-        deep: list[str] = []
-        for iid, status, fp, pv, created, last in zip(*(cols[c].to_pylist() for c in cols.column_names), strict=True):
-            state = ItemStatus(status)
-            if state == ItemStatus.RUNNING and created != last:
-                deep.append(iid)  # attempts recorded in this generation: their count is needed
-                continue
-            out[iid] = ItemState(
-                iid, status=state, input_fingerprint=fp, processor_version=pv, created_seq=created, last_seq=last
+        running = pc.equal(table["status"], ItemStatus.RUNNING.value)
+        deep_mask = pc.and_(running, pc.not_equal(table["created_seq"], table["last_seq"]))
+        # attempts recorded in their generation: their count is needed
+        deep = table.filter(deep_mask)["item_id"].to_pylist()
+        plain = table.filter(pc.invert(deep_mask))
+        out = dict(
+            zip(
+                plain["item_id"].to_pylist(),
+                map(
+                    _Seen._make,
+                    zip(
+                        plain["status"].to_pylist(),
+                        plain["input_fingerprint"].to_pylist(),
+                        plain["processor_version"].to_pylist(),
+                        itertools.repeat(0),
+                    ),
+                ),
+                strict=True,
             )
-        if deep:
-            out.update(self.log.item_states(deep))
+        )
+        for iid, st in self.log.item_states(deep).items() if deep else ():
+            out[iid] = _Seen(st.status.value, st.input_fingerprint, st.processor_version, st.failures + st.retries)
         return out
 
     # --- submitting -------------------------------------------------------------------------------
@@ -392,7 +458,12 @@ class BatchRun:
             if it.item_id in open_ids:
                 continue
             same = state is not None and state.input_fingerprint == it.fingerprint
-            if same and state is not None and state.status in _DONE:
+            if (
+                same
+                and state is not None
+                and state.status in _DONE
+                and not (self.redo_other and state.processor_version != self.processor_version)
+            ):
                 if it.item_id not in self._reported:
                     self.report.skipped.append(it.item_id)
                     self._reported.add(it.item_id)
@@ -402,10 +473,10 @@ class BatchRun:
             fresh = not (
                 same
                 and state is not None
-                and state.status == ItemStatus.RUNNING
+                and state.status == ItemStatus.RUNNING.value
                 and state.processor_version == self.processor_version
             )
-            attempt = 1 if fresh or state is None else state.failures + state.retries + 1
+            attempt = 1 if fresh or state is None else state.attempts + 1
             todo.append((it, attempt, fresh))
         if not todo:
             return False
@@ -523,17 +594,29 @@ class BatchRun:
         }
 
 
+def _completed_value(attempt: int, batch_json: str, cid: str, usage_json: str) -> EncodedValue:
+    """The STEP_COMPLETED value of a batch row, ``{"attempt", "batch": True, "batch_id", "custom_id", "usage"}``,
+    encoded: its canonical text put together from the parts' (sorted keys; equal to ``encode_value`` of
+    the dict, tests/core/batch/test_record.py), which is most of what encoding it cost per row. ``cid`` is
+    one of :func:`custom_id`'s (hex digits, ``-`` and digits): its JSON text is itself in quotes."""
+    text = f'{{"attempt":{attempt},"batch":true,"batch_id":{batch_json},"custom_id":"{cid}","usage":{usage_json}}}'
+    raw = text.encode("utf-8")
+    if len(raw) > DEFAULT_BLOB_THRESHOLD:  # a usage list that long is stored as encode_value stores it
+        return encode_value(orjson.loads(raw))
+    return EncodedValue(VALUE_KIND_JSON, text, None, len(raw), digest(raw))
+
+
 def _refused_input(exc: BatchAPIError) -> bool:
     """Whether the provider refused what the batch holds (HTTP 400, 413, 422), rather than the call
     itself (a bad key, a missing permission): those fail the rows; the others end the run."""
     return getattr(exc.__cause__, "status_code", None) in (400, 413, 422)
 
 
-def _recorded(state: ItemState | None, item: SourceItem, attempt: int) -> bool:
+def _recorded(state: _Seen | None, item: SourceItem, attempt: int) -> bool:
     """Whether the log already holds the outcome of ``item``'s ``attempt`` (a row recorded before a crash)."""
     if state is None or state.input_fingerprint != item.fingerprint:
         return False
-    return state.status in _DONE or state.failures + state.retries >= attempt
+    return state.status in _DONE or state.attempts >= attempt
 
 
 def run_batch(
@@ -549,6 +632,7 @@ def run_batch(
     budget_usd: float | None = None,
     budget_tokens: int | None = None,
     key_field: str = "id",
+    redo_completed: str = REDO_NEVER,
     sleep: Callable[[float], None] = time.sleep,
 ) -> BatchReport:
     """Submit the pending ``items`` through ``step``'s batch API, poll, record each result; a :class:`BatchReport`.
@@ -557,7 +641,8 @@ def run_batch(
     :class:`BatchRun` repeat until no submission of these items is open (errored, expired and cancelled
     rows are resubmitted alone up to ``retry.attempts`` submissions per item). ``poll_interval``: seconds
     between polls of the open batches. The report's ``batches`` lists every batch submitted or re-attached
-    to; ``stopped_by_budget`` says the budget held items back (they stay pending).
+    to; ``stopped_by_budget`` says the budget held items back (they stay pending). ``redo_completed``:
+    as :class:`BatchRun`'s (and ``run_items``').
     """
     if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or poll_interval < 0:
         raise bad_argument("run_batch", "poll_interval", poll_interval, "is not a number of seconds >= 0", "e.g. 60")
@@ -572,6 +657,7 @@ def run_batch(
         retry=retry,
         budget_usd=budget_usd,
         budget_tokens=budget_tokens,
+        redo_completed=redo_completed,
     )
     client = step.client()
     try:

@@ -21,7 +21,8 @@ import pyarrow as pa
 
 from airflow_provider_datagen.core.events import ID_DIGEST_SIZE, event_ids_of
 from airflow_provider_datagen.core.ids import check_name, parent_of, root_of
-from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, EVENT_SCHEMA, StepKind
+from airflow_provider_datagen.core.schema import DATAGEN_SCHEMA_VERSION, EVENT_SCHEMA, ItemStatus, StepKind
+from airflow_provider_datagen.core.store import completions
 from airflow_provider_datagen.core.store.batch import (
     APPEND,
     APPEND_VALUE,
@@ -32,6 +33,7 @@ from airflow_provider_datagen.core.store.batch import (
     SEP,
     SET,
     SET_VALUE,
+    TERMINAL_VALUE,
     Batch,
     Shape,
     check_item_id,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_datagen.core.fold import ItemState
     from airflow_provider_datagen.core.store.batch import StagedEvent
+    from airflow_provider_datagen.core.store.completions import Completion
 
 MAX_EPOCH = (1 << 31) - 1
 _VALID_STEP_NAMES: set[str] = set()
@@ -257,12 +260,7 @@ class LogWriter:
         commit uses this because an unacknowledged item is redone after a crash either way, so the
         append need not hold up the next items' work.
         """
-        if self._lost is not None:
-            raise LogWriteError(
-                f"writer {self.writer_id!r} lost a pipelined append ({self._lost}); the batches it counted "
-                "after that one were not written. Open a new writer (rerun the task): the next run redoes "
-                "exactly the unacknowledged work."
-            )
+        self._check_usable()
         events = batch.events
         n = len(events)
         if not n:
@@ -290,6 +288,53 @@ class LogWriter:
         self.commits += 1
         self.events_written += n
         return n
+
+    def commit_completions(self, step: str, rows: Sequence[Completion]) -> int:
+        """Complete many items in one commit: per item its FIELD_SETs, a STEP_COMPLETED with its value
+        (``step_kind`` Step) and the TERMINAL ``completed``; returns the events written.
+
+        The same events, ids and columns as staging each through :meth:`batch` (``field_set`` per field,
+        ``step_completed``, ``terminal``), built column by column (``core/store/completions.py``): the
+        recording of a batch's results, thousands of items a commit.
+        """
+        self._check_usable()
+        if not rows:
+            return 0
+        items = self.item_cursors
+        unknown = [iid for iid, _, _ in rows if type(iid) is not str or iid not in items]
+        if unknown:
+            self._lookup([exact(check_item_id(iid)) for iid in dict.fromkeys(unknown)])
+        shapes = (
+            self.shape(SET_VALUE, step=step),
+            self.shape(
+                COMPLETED_VALUE, step=step, step_kind=StepKind.STEP.value, processor_version=self.processor_version
+            ),
+            self.shape(TERMINAL_VALUE, status=ItemStatus.COMPLETED.value),
+        )
+        cursors, staged = completions.sequence_completions(rows, items, shapes)
+        cols = completions.completions_columns(staged, shapes, SHAPE_COLUMNS, self.processor_version)
+        n = len(staged["digests"])
+        cols.update(self._constant_columns(n))
+        try:
+            table = pa.Table.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
+        except (UnicodeEncodeError, pa.ArrowInvalid) as exc:
+            raise InvalidEventError(
+                f"a batch of writer {self.writer_id!r} holds text that is not valid UTF-8: {str(exc)[:200]}; "
+                "decode it properly (nothing of this batch was written)"
+            ) from None
+        self.log.append(table)
+        items.update(cursors)
+        self.commits += 1
+        self.events_written += n
+        return n
+
+    def _check_usable(self) -> None:
+        if self._lost is not None:
+            raise LogWriteError(
+                f"writer {self.writer_id!r} lost a pipelined append ({self._lost}); the batches it counted "
+                "after that one were not written. Open a new writer (rerun the task): the next run redoes "
+                "exactly the unacknowledged work."
+            )
 
     def _lose(self, exc: BaseException) -> None:
         self._lost = exc
@@ -431,7 +476,12 @@ class LogWriter:
             typ = EVENT_SCHEMA.field(name).type
             filled = extra_cols.get(name)
             cols[name] = pa.nulls(n, typ) if filled is None else pa.array(filled, typ)
-        # Per-writer constants are repeated, not built per event.
+        cols.update(self._constant_columns(n))
+        return pa.Table.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
+
+    def _constant_columns(self, n: int) -> dict[str, Any]:
+        """The columns every event of a commit shares: per-writer constants repeated, not built per event."""
+        cols: dict[str, Any] = {}
         cols["writer_id"] = pa.repeat(pa.scalar(self.writer_id, pa.string()), n)
         cols["writer_epoch"] = pa.array(np.full(n, self.epoch, np.int64))
         af = self.airflow
@@ -440,7 +490,7 @@ class LogWriter:
             cols[key] = pa.nulls(n, typ) if value is None else pa.repeat(pa.scalar(value, typ), n)
         now_us = np.datetime64(dt.datetime.now(dt.UTC).replace(tzinfo=None), "us")
         cols["created_at"] = pa.array(np.full(n, now_us), pa.timestamp("us", tz="UTC"))
-        return pa.Table.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
+        return cols
 
 
 #: Columns filled from an event's extras (field value, error).

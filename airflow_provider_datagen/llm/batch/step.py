@@ -299,12 +299,12 @@ def _answer_schema(output: OutputSpec) -> dict[str, Any] | None:
 
 
 def _validated(output: OutputSpec, answer: Any, custom_id: str) -> dict[str, Any]:
-    from pydantic import TypeAdapter, ValidationError
-
     if output.kind == "text":
         if not isinstance(answer, str):
             raise OutputValidationError(f"{_OWNER}: row {custom_id}: the answer is not text: {str(answer)[:200]}")
         return output.fields_of(answer)
+    from pydantic import TypeAdapter, ValidationError  # after the text answer, which needs neither
+
     if not isinstance(answer, Mapping):
         raise OutputValidationError(
             f"{_OWNER}: row {custom_id}: the answer is not a JSON object: {str(answer)[:200]}; the model did not "

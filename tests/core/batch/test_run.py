@@ -651,3 +651,53 @@ def test_the_budget_is_checked_again_before_a_resubmission(
     assert report.stopped_by_budget is True and len(report.processed) == 8 and report.failed == []
     assert [f.transient for f in log.failures("i00002")] == [True]
     assert log.summary()["completed"] == 8
+
+
+def test_redo_completed_other_version_resubmits_items_completed_under_another_version(
+    fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]
+) -> None:
+    items = make_items(4)
+    log = checkpoint_log()
+    run_b(log, items, openai_step(fake.base_url))
+    edited = openai_step(fake.base_url, prompt="Now say: {{ text }}")
+    kept = run_b(log, items, edited)  # "never", the default: completed under v1 and kept
+    assert kept.batches == [] and sorted(kept.skipped) == [it["id"] for it in items] and fake.creates == 1
+
+    report = run_b(log, items, edited, redo_completed="other_version")
+    assert sorted(report.processed) == [it["id"] for it in items] and fake.creates == 2
+    assert fake.requests_per_custom_id_base == {b: 2 for b in bases(items).values()}
+    states = log.item_states([it["id"] for it in items])
+    assert {s.processor_version for s in states.values()} == {edited.version}
+    assert states["i00001"].fields == {"output": "echo: Now say: hello 00001"}
+    again = run_b(log, items, edited, redo_completed="other_version")  # now current: nothing to redo
+    assert again.batches == [] and fake.creates == 2
+
+    with pytest.raises(ValueError, match="redo_completed"):
+        run_b(log, items, edited, redo_completed="always")
+
+
+def test_a_submission_of_items_now_in_two_chunks_is_recorded_by_both_and_paid_once(
+    fake: FakeBatchServer, checkpoint_log: Callable[..., CheckpointLog]
+) -> None:
+    # One run submitted ten items as one batch, then the plan's chunking changed (5 + 5): each chunk's run
+    # records its own rows of that batch; neither closes it with the other's rows dropped (re-paid).
+    items = make_items(10)
+    log = checkpoint_log()
+    step = openai_step(fake.base_url)
+    client = step.client()
+    whole = BatchRun(log, items, step, processor_version=step.version, writer_id="w0", epoch=log.next_epoch())
+    (sub,) = whole.advance(client)  # submitted, still in progress
+    client.close()
+    assert fake.creates == 1 and len(sub.item_ids) == 10
+
+    first = run_b(log, items[:5], step)
+    assert sorted(first.processed) == [it["id"] for it in items[:5]] and first.batches == [sub.batch_id]
+    (still,) = batches.open_submissions(log)  # the other chunk's rows wait in it
+    assert still.submission_key == sub.submission_key
+    assert log.summary()["completed"] == 5
+
+    second = run_b(log, items[5:], step)
+    assert sorted(second.processed) == [it["id"] for it in items[5:]] and second.batches == [sub.batch_id]
+    assert fake.creates == 1 and fake.requests_per_custom_id_base == {b: 1 for b in bases(items).values()}
+    assert batches.open_submissions(log) == [] and log.summary()["completed"] == 10
+    assert batches.read(log)[sub.submission_key].kind == batches.RECORDED
