@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_datagen._arguments import bad_argument
+
+# a light module (no Lance): the one rule for cancelling the batches a killed task waits on
+from airflow_provider_datagen.core.batch.cancel import cancel_each
 from airflow_provider_datagen.exceptions import BatchAPIError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -21,6 +24,9 @@ DEFAULT_LLM_CONN_ID = "pydanticai_default"
 #: consecutive failed polls (a connection reset, a 5xx after the SDK's own retries) before the trigger
 #: gives up: a batch runs for hours, and one network blip must not fail its task
 MAX_POLL_ERRORS = 3
+#: seconds on_kill spends cancelling before it gives up on the batches left: under the triggerer's own
+#: bound (``[triggerer] on_kill_timeout``, 30 s by default), so the trigger's log says what was cancelled
+ON_KILL_TIMEOUT = 20.0
 
 
 def check_poll_interval(owner: object, poll_interval: Any) -> float:
@@ -49,6 +55,10 @@ class DatagenBatchTrigger(BaseTrigger):
     "counts", "error"}}, "resume": ...}`` once no batch is in progress, or ``{"status": "error",
     "message": ..., "batch_id": ..., "error_type": ..., "resume": ...}`` when polling failed (a refused
     call at once, a transient one after :data:`MAX_POLL_ERRORS` polls in a row).
+
+    A user's kill of the deferred task (mark failed, mark success, clear) calls :meth:`on_kill`, which
+    cancels its batches that have not ended; a triggerer that stops or hands the trigger on calls only
+    ``cleanup()``, and the batches run on for the next triggerer to poll.
 
     :param batch_ids: the provider's ids of the batches to wait for.
     :param provider: ``"openai"`` or ``"anthropic"``.
@@ -85,6 +95,8 @@ class DatagenBatchTrigger(BaseTrigger):
         self.api_key = api_key
         self.poll_interval = check_poll_interval(self, poll_interval)
         self.resume = dict(resume or {})
+        #: the batches run() saw end: on_kill leaves them alone (nothing left to cancel)
+        self._ended: set[str] = set()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -133,6 +145,7 @@ class DatagenBatchTrigger(BaseTrigger):
                             current = batch_id
                             info = await asyncio.to_thread(client.retrieve, batch_id)
                             if info.state != "in_progress":
+                                self._ended.add(batch_id)
                                 ended[batch_id] = {
                                     "state": info.state,
                                     "status": info.status,
@@ -180,3 +193,47 @@ class DatagenBatchTrigger(BaseTrigger):
             )
             return
         yield TriggerEvent({"status": "ended", "batches": ended, "resume": self.resume})
+
+    async def on_kill(self) -> None:
+        """Cancel this trigger's batches that have not ended: a user killed the deferred task.
+
+        Only this chunk's batches (the ones this trigger polls), through the rule the operator's ``on_kill``
+        follows (:func:`~airflow_provider_datagen.core.batch.cancel.cancel_each`): the provider is asked and
+        nothing is written to the submissions record, so the cancelled batch ends with its finished rows
+        readable and the next run of the chunk records them (they were paid for); its rows that never ran come
+        back cancelled, failed attempts of their items, resubmitted as ``retry`` allows.
+        """
+        left = [b for b in self.batch_ids if b not in self._ended]
+        if not left:
+            return
+        why = "its deferred task was killed"
+        asked: list[str] = []
+        tried = 0
+        try:
+            async with asyncio.timeout(ON_KILL_TIMEOUT):
+                client = await self._client()
+                try:
+                    for batch_id in left:
+                        # one at a time, each in a thread: the SDK blocks, and a timeout still knows what was asked
+                        asked += await asyncio.to_thread(cancel_each, client, [batch_id], why=why, log=self.log)
+                        tried += 1
+                finally:
+                    await asyncio.to_thread(client.close)
+        except TimeoutError:
+            self.log.warning(
+                "gave up cancelling after %g s: %d of %d %s batches may still run: %s",
+                ON_KILL_TIMEOUT,
+                len(left) - tried,
+                len(left),
+                self.provider,
+                left[tried:],
+            )
+        finally:
+            # also when the connection could not be read: the triggerer logs that error after this line
+            self.log.warning(
+                "the task was killed while deferred: asked %s to cancel %d of its %d open batches: %s",
+                self.provider,
+                len(asked),
+                len(left),
+                asked,
+            )
