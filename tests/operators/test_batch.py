@@ -41,7 +41,8 @@ step = llm_batch({prompt!r}, {step_kwargs})
 with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False,
          default_args={{"retries": 0}}):
     plan = DatagenPlanOperator(task_id="plan", pipeline={pipeline!r}, experiment={experiment!r},
-                               source={source!r}, key_field="id", chunk_size=5, processor_version=step.version{plan_extra})
+                               source={source!r}, key_field="id", chunk_size=5,
+                               processor_version=step.version{plan_extra})
     DatagenBatchOperator.partial(task_id="generate", pipeline={pipeline!r}, experiment={experiment!r},
                                  process={process}, poll_interval=0.01{extra}).expand_kwargs(plan.output)
 """

@@ -22,69 +22,42 @@ Airflow operator runs one round per task resumption and polls from the triggerer
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-import orjson
-import pyarrow.compute as pc
-
-from airflow_provider_datagen.core.batch.ids import attempt_of, base_of, custom_id, submission_key
+from airflow_provider_datagen.core.batch.ids import base_of, custom_id, submission_key
 from airflow_provider_datagen.core.batch.protocol import BatchInfo
-from airflow_provider_datagen.core.events import EncodedValue, StepCoord, canonical_json, digest, encode_value
-from airflow_provider_datagen.core.ids import check_field_name
-from airflow_provider_datagen.core.ledger.pricing import price_usd
-from airflow_provider_datagen.core.ledger.records import attempt_entries, usage_record
+from airflow_provider_datagen.core.batch.record import DONE, Recording
+from airflow_provider_datagen.core.events import StepCoord
 from airflow_provider_datagen.core.planner import REDO_NEVER, REDO_OTHER_VERSION, as_source, check_redo_completed
 from airflow_provider_datagen.core.runner.report import RunReport
-from airflow_provider_datagen.core.schema import DEFAULT_BLOB_THRESHOLD, VALUE_KIND_JSON, ItemStatus
+from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.core.store import batches
 from airflow_provider_datagen.exceptions import (
     BatchAPIError,
-    BatchRowError,
     ConfigurationError,
     DatagenError,
-    OutputValidationError,
     bad_argument,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
-    from airflow_provider_datagen.core.batch.protocol import BatchClient, BatchStep, RequestLine, RowResult
+    from airflow_provider_datagen.core.batch.protocol import BatchClient, BatchStep, RequestLine
     from airflow_provider_datagen.core.retry import RetryPolicy
     from airflow_provider_datagen.core.sources import SourceItem
-    from airflow_provider_datagen.core.store.completions import Completion
     from airflow_provider_datagen.core.store.log import CheckpointLog
     from airflow_provider_datagen.core.store.writer import LogWriter
 
 logger = logging.getLogger(__name__)
 
-#: The share of the online price a batch request costs (OpenAI's Batch API and Anthropic's Message
-#: Batches both bill 50%); genai-prices' table has no batch prices.
-BATCH_PRICE_FACTOR = 0.5
-#: Distinct (model, input tokens, output tokens) whose usage entries a run keeps shaped.
-USAGE_CACHE_ENTRIES = 65_536
-#: Items recorded per log commit while reading a batch's results.
-RECORD_COMMIT_ITEMS = 5_000
 #: metadata keys a submitted batch carries (OpenAI keeps them; :meth:`BatchClient.find` matches them)
 SUBMISSION_KEY = "datagen_submission"
 EXPERIMENT_KEY = "datagen_experiment"
-_DONE = (ItemStatus.COMPLETED.value, ItemStatus.FILTERED.value)
-
-
-class _Seen(NamedTuple):
-    """What a round needs of an item's state in the log (an :class:`ItemState` costs ~2 us more to build)."""
-
-    status: str
-    input_fingerprint: str | None
-    processor_version: str | None
-    #: failed and retried attempts of its running generation (0 where none is recorded)
-    attempts: int
 
 
 @dataclass(repr=False)
@@ -103,7 +76,7 @@ class BatchReport(RunReport):
         return super().__repr__()[:-1] + f", batches={len(self.batches)}, in_batch={self.in_batch})"
 
 
-class BatchRun:
+class BatchRun(Recording):
     """The batch run of ``items`` through ``step`` into ``log`` at ``(writer_id, epoch)``; see the module doc.
 
     :param retry: ``attempts`` is how many times one item may be submitted per run (errored, expired and
@@ -155,7 +128,8 @@ class BatchRun:
         self.report = BatchReport()
         #: submissions this run made per item (a row that did not succeed counts; a prompt error too)
         self.submitted: dict[str, int] = {}
-        self._usage_entries: dict[tuple[str, int, int], tuple[list[dict[str, Any]], str]] = {}
+        #: by the row's (model, input tokens, output tokens)
+        self._usage_entries: dict[tuple[str | None, int, int], tuple[list[dict[str, Any]], str]] = {}
         #: items that failed for good in this run (attempts spent, an invalid answer, a prompt that cannot
         #: render): never submitted again by this run (a rerun resubmits them)
         self.given_up: set[str] = set()
@@ -163,6 +137,10 @@ class BatchRun:
         self._reported: set[str] = set()
         #: submissions still open for another chunk's items after this run recorded its own rows of them
         self._recorded_here: set[str] = set()
+        #: items whose current generation (ITEM_CREATED) this run committed
+        self._created_here: set[str] = set()
+        #: field names of answers already checked, and each one's ``what`` for encode_value's errors
+        self._field_what: dict[str, str] = {}
 
     # --- one round --------------------------------------------------------------------------------
 
@@ -271,197 +249,24 @@ class BatchRun:
 
     # --- recording results ------------------------------------------------------------------------
 
-    def _record(self, client: BatchClient, sub: batches.Submission) -> None:
-        assert sub.batch_id is not None
-        wanted = {cid: self.by_base[base_of(cid)] for cid in sub.custom_ids if base_of(cid) in self.by_base}
-        states = self._states([it.item_id for it in wanted.values()])
-        seen: set[str] = set()
-        pending: list[tuple[SourceItem, int, RowResult]] = []  # (item, attempt, row)
-        for row in client.results(sub.batch_id):
-            item = wanted.get(row.custom_id)
-            if item is None or row.custom_id in seen:
-                continue  # a row of another chunk's item, or a duplicate line
-            seen.add(row.custom_id)
-            attempt = attempt_of(row.custom_id)
-            if not _recorded(states.get(item.item_id), item, attempt):
-                pending.append((item, attempt, row))
-            if len(pending) >= RECORD_COMMIT_ITEMS:
-                self._commit_rows(sub, pending)
-                pending = []
-        self._commit_rows(sub, pending)
-        missing = [
-            cid
-            for cid in wanted
-            if cid not in seen and not _recorded(states.get(wanted[cid].item_id), wanted[cid], attempt_of(cid))
-        ]
-        if missing:
-            self._fail_rows(sub, missing, "the batch's results hold no row for it")
-        if self._others_unsettled(sub):
-            # items of another chunk (the plan's chunking changed since the submission): their rows are
-            # theirs to record, so the submission stays open for their run instead of being closed with
-            # their rows dropped (they would be submitted and paid for again)
-            self._recorded_here.add(sub.submission_key)
-            return
-        batches.append(self.log, [self._row(sub, batches.RECORDED)])
-        sub.kind = batches.RECORDED
-
-    def _others_unsettled(self, sub: batches.Submission) -> bool:
-        """Whether an item of ``sub`` outside this run's items still waits for its row to be recorded."""
-        others = [(iid, cid) for iid, cid in zip(sub.item_ids, sub.custom_ids, strict=True) if iid not in self.by_id]
-        if not others:
-            return False
-        states = self._states(list(dict.fromkeys(iid for iid, _ in others)))
-        for iid, cid in others:
-            state = states.get(iid)
-            if state is None or state.status != ItemStatus.RUNNING.value or state.input_fingerprint is None:
-                continue  # done, released, or never created: nothing of it waits
-            if base_of(custom_id(iid, state.input_fingerprint, 0)) != base_of(cid):
-                continue  # its input changed since: the row is of an older generation
-            if state.attempts < attempt_of(cid):
-                return True
-        return False
-
-    def _commit_rows(self, sub: batches.Submission, rows: list[tuple[SourceItem, int, RowResult]]) -> None:
-        if not rows:
-            return
-        report = self.report
-        step_name = self.step.step_name
-        threshold = self.log.blob_threshold
-        batch_json = canonical_json(sub.batch_id or "")
-        where_of = {"batch_id": sub.batch_id or ""}
-        done: list[Completion] = []  # committed column by column (LogWriter.commit_completions)
-        with self.writer.batch() as b:  # the rest: failed rows and answers that are not answers
-            for item, attempt, row in rows:
-                cid = row.custom_id
-                if row.outcome != "succeeded":
-                    err = BatchRowError(f"batch {sub.batch_id}: row {cid} {row.outcome}: {row.error or 'no detail'}")
-                    self._stage_failure(b, item, attempt, err, {**where_of, "custom_id": cid})
-                    continue
-                usage, usage_json = self._usage(row)
-                try:
-                    fields = self.step.fields(row)
-                    encoded = []
-                    for name, value in fields.items():  # an answer's keys become field names: one the log
-                        check_field_name(name, OutputValidationError, f"row {cid}'s answer gives")  # refuses fails
-                        encoded.append((name, encode_value(value, blob_threshold=threshold, what=f"field {name!r}")))
-                except DatagenError as exc:
-                    # paid for, but not an answer: the item fails with the usage it cost
-                    b.failed(
-                        item.item_id,
-                        error=exc,
-                        at=StepCoord(step=step_name),
-                        attempt=attempt,
-                        usage=usage,
-                        batch={**where_of, "custom_id": cid},
-                    )
-                    self._give_up(item.item_id, exc)
-                    continue
-                done.append((item.item_id, encoded, _completed_value(attempt, batch_json, cid, usage_json)))
-        if done:
-            self.writer.commit_completions(step_name, done)
-            for iid, _, _ in done:
-                report.processed.append(iid)
-                self._reported.add(iid)
-        report.commits += 1
-
-    def _usage(self, row: RowResult) -> tuple[list[dict[str, Any]], str]:
-        """The usage entries of ``row``'s attempt and their canonical JSON text."""
-        label = self.step.model_label(row)
-        key = (label, row.input_tokens, row.output_tokens)
-        cached = self._usage_entries.get(key)
-        if cached is None:
-            # rows repeat the same (model, tokens) often: checked, priced, shaped and encoded once (the
-            # entries are only encoded into each row's JSON, never changed)
-            online = price_usd(label, row.input_tokens, row.output_tokens)
-            cost = None if online is None else online * BATCH_PRICE_FACTOR
-            entries = attempt_entries([usage_record(label, row.input_tokens, row.output_tokens, cost, 1)])
-            cached = (entries, canonical_json(entries, what=f"usage of row {row.custom_id}"))
-            if len(self._usage_entries) < USAGE_CACHE_ENTRIES:
-                self._usage_entries[key] = cached
-        return cached
-
-    def _stage_failure(
-        self, b: Any, item: SourceItem, attempt: int, err: BaseException, where: Mapping[str, str]
-    ) -> None:
-        # a row of a batch an earlier process submitted (re-attached, re-read) counts as this run's first
-        # submission of the item: a resumed run spends no more than retry.attempts on it either
-        transient = self.submitted.setdefault(item.item_id, 1) < self.max_attempts
-        b.failed(
-            item.item_id,
-            error=err,
-            at=StepCoord(step=self.step.step_name),
-            attempt=attempt,
-            transient=transient,
-            batch=where,
-        )
-        if not transient:
-            self._give_up(item.item_id, err)
-
-    def _give_up(self, item_id: str, err: BaseException) -> None:
-        """``item_id`` failed for good in this run: reported once, and not submitted again by it."""
-        if item_id not in self.given_up:
-            self.given_up.add(item_id)
-            self.report.failed.append(item_id)
-        self.report.errors[item_id] = f"{type(err).__name__}: {err}"
-
-    def _fail_rows(self, sub: batches.Submission, cids: Iterable[str], why: str) -> None:
-        with self.writer.batch() as b:
-            for cid in cids:
-                item = self.by_base.get(base_of(cid))
-                if item is not None:
-                    err = BatchRowError(f"batch {sub.batch_id}: row {cid}: {why}")
-                    self._stage_failure(
-                        b, item, attempt_of(cid), err, {"batch_id": sub.batch_id or "", "custom_id": cid}
-                    )
-
-    def _states(self, ids: list[str]) -> dict[str, _Seen]:
-        """What the log holds of ``ids``, from the vectorized fold; folded one by one (for their failed and
-        retried attempts) only where the generation holds more than its ITEM_CREATED and has not ended.
-
-        A round reads the states of every item of the chunk twice; the reference fold of each costs ~100 us,
-        and in the common rounds (a fresh submission, the first recording of its results) no item needs it.
-        """
-        table = self.log.states_of(ids)
-        running = pc.equal(table["status"], ItemStatus.RUNNING.value)
-        deep_mask = pc.and_(running, pc.not_equal(table["created_seq"], table["last_seq"]))
-        # attempts recorded in their generation: their count is needed
-        deep = table.filter(deep_mask)["item_id"].to_pylist()
-        plain = table.filter(pc.invert(deep_mask))
-        out = dict(
-            zip(
-                plain["item_id"].to_pylist(),
-                map(
-                    _Seen._make,
-                    zip(
-                        plain["status"].to_pylist(),
-                        plain["input_fingerprint"].to_pylist(),
-                        plain["processor_version"].to_pylist(),
-                        itertools.repeat(0),
-                    ),
-                ),
-                strict=True,
-            )
-        )
-        for iid, st in self.log.item_states(deep).items() if deep else ():
-            out[iid] = _Seen(st.status.value, st.input_fingerprint, st.processor_version, st.failures + st.retries)
-        return out
-
     # --- submitting -------------------------------------------------------------------------------
 
     def _submit_pending(self, client: BatchClient) -> bool:
         """Submit the pending items; whether the provider refused a batch of them (they may be pending again)."""
         open_ids = {i for s in self._ours(batches.open_submissions(self.log)) for i in s.item_ids}
-        states = self._states([it.item_id for it in self.items])
+        # items this run recorded or skipped as done, failed for good, or still in a batch need no state:
+        # after the recording of a whole chunk, none is read
+        settled = open_ids.union(self._reported, self.given_up)
+        candidates = [it for it in self.items if it.item_id not in settled]
+        states = self._states([it.item_id for it in candidates]) if candidates else {}
         todo: list[tuple[SourceItem, int, bool]] = []  # (item, attempt, new generation)
-        for it in self.items:
+        for it in candidates:
             state = states.get(it.item_id)
-            if it.item_id in open_ids:
-                continue
             same = state is not None and state.input_fingerprint == it.fingerprint
             if (
                 same
                 and state is not None
-                and state.status in _DONE
+                and state.status in DONE
                 and not (self.redo_other and state.processor_version != self.processor_version)
             ):
                 if it.item_id not in self._reported:
@@ -499,6 +304,7 @@ class BatchRun:
                     self._give_up(it.item_id, exc)
                     continue
                 lines.append((it, line, fresh))
+        self._created_here.update(it.item_id for it, _, fresh in todo if fresh)
         refused = False
         for group in self._split(client, lines):
             refused = not self._submit(client, group) or refused
@@ -594,29 +400,10 @@ class BatchRun:
         }
 
 
-def _completed_value(attempt: int, batch_json: str, cid: str, usage_json: str) -> EncodedValue:
-    """The STEP_COMPLETED value of a batch row, ``{"attempt", "batch": True, "batch_id", "custom_id", "usage"}``,
-    encoded: its canonical text put together from the parts' (sorted keys; equal to ``encode_value`` of
-    the dict, tests/core/batch/test_record.py), which is most of what encoding it cost per row. ``cid`` is
-    one of :func:`custom_id`'s (hex digits, ``-`` and digits): its JSON text is itself in quotes."""
-    text = f'{{"attempt":{attempt},"batch":true,"batch_id":{batch_json},"custom_id":"{cid}","usage":{usage_json}}}'
-    raw = text.encode("utf-8")
-    if len(raw) > DEFAULT_BLOB_THRESHOLD:  # a usage list that long is stored as encode_value stores it
-        return encode_value(orjson.loads(raw))
-    return EncodedValue(VALUE_KIND_JSON, text, None, len(raw), digest(raw))
-
-
 def _refused_input(exc: BatchAPIError) -> bool:
     """Whether the provider refused what the batch holds (HTTP 400, 413, 422), rather than the call
     itself (a bad key, a missing permission): those fail the rows; the others end the run."""
     return getattr(exc.__cause__, "status_code", None) in (400, 413, 422)
-
-
-def _recorded(state: _Seen | None, item: SourceItem, attempt: int) -> bool:
-    """Whether the log already holds the outcome of ``item``'s ``attempt`` (a row recorded before a crash)."""
-    if state is None or state.input_fingerprint != item.fingerprint:
-        return False
-    return state.status in _DONE or state.attempts >= attempt
 
 
 def run_batch(

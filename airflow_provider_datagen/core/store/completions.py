@@ -58,7 +58,7 @@ def sequence_completions(
     values: list[EncodedValue] = []  # per item: its STEP_COMPLETED value
     digests: list[bytes] = []  # per event
     add_digest, add_name, add_enc = digests.append, names.append, encs.append
-    checked: set[str] = set()
+    shared_modes: dict[tuple[str, ...], dict[str, str]] = {}
     for iid, fields, value in rows:
         if iid in out:
             raise InvalidEventError(f"item {iid!r} is completed twice in one commit; record each item once")
@@ -68,20 +68,30 @@ def sequence_completions(
         counts.append(len(fields))
         values.append(value)
         fpt = "" if fp is None else fp
-        for name, enc in fields:
-            if name not in checked:
+        if not modes and not owned:
+            # a new generation (no field yet): its modes are those of its field names, one shared map per
+            # set of names, never mutated (the cursor does not own it: a later write copies it first)
+            key = tuple(name for name, _ in fields)
+            shared = shared_modes.get(key)
+            if shared is None:
+                for name in key:
+                    check_field_name(name)
+                shared = shared_modes[key] = dict.fromkeys(key, _SET)
+            modes = shared
+        else:
+            for name, _ in fields:
                 check_field_name(name)
-                checked.add(name)
-            prev = modes.get(name)
-            if prev is None:
-                if not owned:
-                    modes, owned = dict(modes), True
-                modes[name] = _SET
-            elif prev != _SET:
-                raise InvalidEventError(
-                    f"item {iid!r}: field {name!r} was written with FIELD_{prev.upper()} and cannot take "
-                    "FIELD_SET; use one mode per field (nothing of this batch was written)"
-                )
+                prev = modes.get(name)
+                if prev is None:
+                    if not owned:
+                        modes, owned = dict(modes), True
+                    modes[name] = _SET
+                elif prev != _SET:
+                    raise InvalidEventError(
+                        f"item {iid!r}: field {name!r} was written with FIELD_{prev.upper()} and cannot take "
+                        "FIELD_SET; use one mode per field (nothing of this batch was written)"
+                    )
+        for name, enc in fields:
             seq += 1
             h = new_hash()
             h.update(

@@ -8,12 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_datagen.core.batch.ids import custom_id
-from airflow_provider_datagen.core.batch.run import _completed_value
+from airflow_provider_datagen.core.batch.record import _completed_value
 from airflow_provider_datagen.core.events import canonical_json, encode_value
 from airflow_provider_datagen.core.schema import DEFAULT_BLOB_THRESHOLD
 from tests._support.profiles import examples
 
-costs = st.none() | st.floats(min_value=0, max_value=1e6, allow_nan=False) | st.sampled_from([0.0, 1.5e-6, 7.5e-8, 1e-4])
+costs = (
+    st.none() | st.floats(min_value=0, max_value=1e6, allow_nan=False) | st.sampled_from([0.0, 1.5e-6, 7.5e-8, 1e-4])
+)
 entries = st.lists(
     st.fixed_dictionaries(
         {

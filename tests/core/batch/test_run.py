@@ -14,8 +14,10 @@ import pytest
 from pydantic import BaseModel
 
 from airflow_provider_datagen.core import RetryPolicy
-from airflow_provider_datagen.core.batch import BatchRun, custom_id, run
-from airflow_provider_datagen.core.batch.run import BATCH_PRICE_FACTOR, SUBMISSION_KEY, attempt_of
+from airflow_provider_datagen.core.batch import BatchRun, custom_id, record, run
+from airflow_provider_datagen.core.batch.ids import attempt_of
+from airflow_provider_datagen.core.batch.record import BATCH_PRICE_FACTOR
+from airflow_provider_datagen.core.batch.run import SUBMISSION_KEY
 from airflow_provider_datagen.core.ledger.pricing import price_usd
 from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.core.store import batches
@@ -403,7 +405,7 @@ def test_a_crash_while_recording_results_records_the_rest_and_counts_no_usage_tw
     base_log, log = checkpoint_log("base"), checkpoint_log("crashed")
     step = openai_step(fake.base_url)
     run_b(base_log, items, step)
-    monkeypatch.setattr(run, "RECORD_COMMIT_ITEMS", 5)
+    monkeypatch.setattr(record, "RECORD_COMMIT_ITEMS", 5)
     original = BatchRun._commit_rows
     commits = []
 

@@ -29,11 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-after-record-commits", type=int, default=0)
     args = p.parse_args(argv)
 
+    from airflow_provider_datagen.core.batch import record as batch_record
     from airflow_provider_datagen.core.batch import run as batch_run
     from tests.core.batch.helpers import make_items, open_experiment, openai_step, run
 
     if args.record_commit_items:
-        batch_run.RECORD_COMMIT_ITEMS = args.record_commit_items
+        batch_record.RECORD_COMMIT_ITEMS = args.record_commit_items
     if args.kill_after_record_commits:
         original = batch_run.BatchRun._commit_rows
         commits = [0]

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import pytest
 
 from airflow_provider_datagen.core.events import encode_value
 from airflow_provider_datagen.core.schema import StepKind
 from airflow_provider_datagen.core.store.log import CheckpointLog
 from airflow_provider_datagen.exceptions import InvalidEventError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 STEP = "answer"
 
@@ -72,7 +74,8 @@ def test_the_columnar_commit_equals_staging_each_event(tmp_path: Any, ids: list[
     written = w2.commit_completions(STEP, rows)
     assert written == w1.events_written - len(ids[1::2])
     assert _table(columnar).equals(_table(one_by_one))
-    assert w2.item_cursors == {k: list(v) for k, v in w1.item_cursors.items()}
+    # the same sequence, fingerprint and field modes (whether the cursor owns its mode map may differ)
+    assert {k: list(v[:3]) for k, v in w2.item_cursors.items()} == {k: list(v[:3]) for k, v in w1.item_cursors.items()}
     for iid in ids:
         assert columnar.item_state(iid) == one_by_one.item_state(iid)
 
