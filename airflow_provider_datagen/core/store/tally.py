@@ -93,8 +93,10 @@ def finish(log: LogReads, status: dict[str, Any], *, whole_log: bool) -> dict[st
 
 
 def in_batch(log: batches.Located) -> int:
-    """Items of the experiment's open batch submissions: submitted to a provider and not yet back."""
-    return len({iid for sub in batches.open_submissions(log) for iid in sub.item_ids})
+    """Items of the experiment's open batch submissions whose batch has not ended: submitted to a provider
+    and not yet back (an ended batch still open waits only for its rows to be recorded, some of them
+    perhaps already are: by a run of another chunk after the plan's chunking changed)."""
+    return len({iid for sub in batches.open_submissions(log) if sub.kind != batches.ENDED for iid in sub.item_ids})
 
 
 def budget_stop(log: LogReads, pending: int) -> str | None:

@@ -691,12 +691,14 @@ def test_a_submission_of_items_now_in_two_chunks_is_recorded_by_both_and_paid_on
     (sub,) = whole.advance(client)  # submitted, still in progress
     client.close()
     assert fake.creates == 1 and len(sub.item_ids) == 10
+    assert log.summary()["in_batch"] == 10
 
     first = run_b(log, items[:5], step)
     assert sorted(first.processed) == [it["id"] for it in items[:5]] and first.batches == [sub.batch_id]
     (still,) = batches.open_submissions(log)  # the other chunk's rows wait in it
     assert still.submission_key == sub.submission_key
-    assert log.summary()["completed"] == 5
+    # the batch has ended: its five unrecorded rows are back, waiting for their chunk's run, not in a batch
+    assert (log.summary()["completed"], log.summary()["in_batch"]) == (5, 0)
 
     second = run_b(log, items[5:], step)
     assert sorted(second.processed) == [it["id"] for it in items[5:]] and second.batches == [sub.batch_id]
