@@ -22,7 +22,7 @@ from airflow_provider_datagen.core.export import collect_results
 from airflow_provider_datagen.core.store import batches
 from dev.batch_server import FakeBatchServer, serving
 from tests._support import REPO
-from tests.core.batch.helpers import bases, make_items, open_experiment, openai_step, run
+from tests.core.batch.helpers import anthropic_step, bases, make_items, open_experiment, openai_step, run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -41,7 +41,8 @@ def fake() -> Iterator[FakeBatchServer]:
 
 def _worker(root: Path, experiment: str, fake: FakeBatchServer, *flags: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "tests.core.batch.worker", "--root", str(root), "--experiment", experiment]
-    cmd += ["--base-url", fake.base_url, "--n-items", str(N), "--max-requests", str(CHUNK), *flags]
+    base_url = fake.anthropic_base_url if "anthropic" in flags else fake.base_url
+    cmd += ["--base-url", base_url, "--n-items", str(N), "--max-requests", str(CHUNK), *flags]
     env = dict(os.environ, PYTHONPATH=str(REPO), RUST_LOG="error")
     return subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -115,3 +116,39 @@ def test_a_worker_killed_while_recording_results_records_the_rest_once(fake: Fak
     assert len(report.processed) == N - CHUNK - 8 and len(report.skipped) == CHUNK + 8
     assert report.batches == [b.id for b in _of(fake, log)][1:]  # re-read, none submitted
     _check_exact(fake, log, baseline)
+
+
+def test_an_anthropic_worker_killed_inside_create_submits_again_and_records_each_item_once(
+    fake: FakeBatchServer, tmp_path: Path
+) -> None:
+    # Anthropic's batches carry no metadata: the batch whose create was cut off cannot be found again, so
+    # it is submitted again (the orphan runs and is paid for at the provider: the README and the guide say
+    # so), and the log still records each item once, from the batch it knows.
+    baseline = open_experiment(tmp_path, "baseline")
+    run(baseline, make_items(N), anthropic_step(fake.anthropic_base_url, max_requests_per_batch=CHUNK))
+    first = fake.creates
+    fake.create_delay = 120.0
+    worker = _worker(tmp_path, "killed", fake, "--provider", "anthropic")
+    try:
+        deadline = time.monotonic() + 120
+        while fake.creates == first:
+            assert worker.poll() is None, worker.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the worker never reached messages.batches.create"
+            time.sleep(0.02)
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)  # by its own PID, also when the wait failed
+    assert worker.wait(timeout=60) == -signal.SIGKILL
+    fake.create_delay = 0.0
+    log = open_experiment(tmp_path, "killed")
+    (sub,) = batches.open_submissions(log)
+    assert (sub.kind, sub.batch_id) == (batches.INTENT, None)
+    orphan = fake.batches[-1]
+
+    report = run(log, make_items(N), anthropic_step(fake.anthropic_base_url, max_requests_per_batch=CHUNK))
+    assert len(report.processed) == N and report.failed == []
+    mine = fake.batches[first:]
+    assert len(mine) == N // CHUNK + 1 and orphan.id not in report.batches  # the orphan, never polled
+    assert sorted(orphan.custom_ids) == sorted(mine[1].custom_ids)  # submitted again, the same rows
+    assert log.usage() == baseline.usage()  # the orphan's rows are not in the ledger: recorded once
+    assert collect_results(log) == collect_results(baseline)
+    assert log.summary()["completed"] == N and batches.open_submissions(log) == []
