@@ -11,7 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_provider_datagen.core.batch.run import BatchReport, BatchRun, custom_id, run_batch
+    from airflow_provider_datagen.core.batch.report import BatchReport
+    from airflow_provider_datagen.core.batch.run import BatchRun, custom_id, run_batch
 
 __all__ = ["BatchReport", "BatchRun", "custom_id", "run_batch"]
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
     from airflow_provider_datagen.core.batch.protocol import BatchClient, BatchStep, RowResult
-    from airflow_provider_datagen.core.batch.run import BatchReport
+    from airflow_provider_datagen.core.batch.report import BatchReport
     from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.store.completions import Completion
     from airflow_provider_datagen.core.store.log import CheckpointLog

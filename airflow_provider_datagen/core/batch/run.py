@@ -26,15 +26,14 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.batch.ids import base_of, custom_id, submission_key
 from airflow_provider_datagen.core.batch.protocol import BatchInfo
 from airflow_provider_datagen.core.batch.record import DONE, Recording
+from airflow_provider_datagen.core.batch.report import BatchReport
 from airflow_provider_datagen.core.events import StepCoord
 from airflow_provider_datagen.core.planner import REDO_NEVER, REDO_OTHER_VERSION, as_source, check_redo_completed
-from airflow_provider_datagen.core.runner.report import RunReport
 from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.core.store import batches
 from airflow_provider_datagen.exceptions import (
@@ -58,22 +57,6 @@ logger = logging.getLogger(__name__)
 #: metadata keys a submitted batch carries (OpenAI keeps them; :meth:`BatchClient.find` matches them)
 SUBMISSION_KEY = "datagen_submission"
 EXPERIMENT_KEY = "datagen_experiment"
-
-
-@dataclass(repr=False)
-class BatchReport(RunReport):
-    """What a batch run did: :class:`RunReport`'s lists, plus the batches it submitted or re-attached to."""
-
-    #: the provider's ids of every batch this run submitted, re-attached to or polled, in order
-    batches: list[str] = field(default_factory=list)
-    #: items submitted and not yet back when it returned (0 after :func:`run_batch`)
-    in_batch: int = 0
-
-    def as_dict(self) -> dict[str, Any]:  # two more keys
-        return {**super().as_dict(), "batches": list(self.batches), "in_batch": self.in_batch}
-
-    def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f", batches={len(self.batches)}, in_batch={self.in_batch})"
 
 
 class BatchRun(Recording):
