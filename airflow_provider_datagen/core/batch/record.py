@@ -107,6 +107,7 @@ class Recording:
                 self._commit_rows(sub, pending)
                 pending = []
         self._commit_rows(sub, pending)
+        self.writer.sync()  # every row's events have landed before anything else is read or written
         missing = [
             cid
             for cid in wanted
@@ -180,7 +181,9 @@ class Recording:
                     continue
                 done.append((item.item_id, encoded, _completed_value(attempt, batch_json, cid, usage_json)))
         if done:
-            self.writer.commit_completions(step_name, done)
+            # pipelined: Lance writes this commit (without the GIL) while the next rows are read and laid out;
+            # every read of the log, the next commit and the sync below wait for it
+            self.writer.commit_completions(step_name, done, wait=False)
             for iid, _, _ in done:
                 report.processed.append(iid)
                 self._reported.add(iid)

@@ -289,13 +289,14 @@ class LogWriter:
         self.events_written += n
         return n
 
-    def commit_completions(self, step: str, rows: Sequence[Completion]) -> int:
+    def commit_completions(self, step: str, rows: Sequence[Completion], *, wait: bool = True) -> int:
         """Complete many items in one commit: per item its FIELD_SETs, a STEP_COMPLETED with its value
         (``step_kind`` Step) and the TERMINAL ``completed``; returns the events written.
 
         The same events, ids and columns as staging each through :meth:`batch` (``field_set`` per field,
         ``step_completed``, ``terminal``), built column by column (``core/store/completions.py``): the
-        recording of a batch's results, thousands of items a commit.
+        recording of a batch's results, thousands of items a commit. ``wait=False`` pipelines the append
+        as :meth:`commit` does.
         """
         self._check_usable()
         if not rows:
@@ -322,7 +323,10 @@ class LogWriter:
                 f"a batch of writer {self.writer_id!r} holds text that is not valid UTF-8: {str(exc)[:200]}; "
                 "decode it properly (nothing of this batch was written)"
             ) from None
-        self.log.append(table)
+        if wait:
+            self.log.append(table)
+        else:
+            self.log.append_pipelined(table, self._lose)
         items.update(cursors)
         self.commits += 1
         self.events_written += n
