@@ -11,7 +11,8 @@ import jinja2.nativetypes
 from airflow.sdk import BaseOperator
 
 from airflow_provider_datagen._arguments import bad_argument, check_name_argument
-from airflow_provider_datagen.exceptions import DatagenError
+from airflow_provider_datagen.core.chunk_spec import ChunkSpec
+from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 
@@ -145,3 +146,25 @@ class DatagenBaseOperator(BaseOperator):
             payload.get("log_version"),
         )
         return payload
+
+
+class DatagenChunkOperator(DatagenBaseOperator):
+    """An operator mapped over the plan's chunks (``expand_kwargs(plan.output)``): the map and batch operators.
+
+    Subclasses set ``chunk`` (the chunk's XCom dict, or None without a plan) in their ``__init__``.
+    """
+
+    chunk: dict[str, Any] | None
+
+    @property
+    def chunk_label(self) -> str:
+        """What the UI shows for this map index: the chunk's key range."""
+        try:
+            spec = self.spec() if self.chunk else None
+        except ConfigurationError:
+            return ""  # execute() raises the error naming the bad field: the label must not hide it
+        return "all items" if spec is None else spec.label
+
+    def spec(self) -> ChunkSpec | None:
+        """This task's chunk decoded (None without a plan); refuses one this provider cannot read."""
+        return None if self.chunk is None else ChunkSpec.from_xcom(self.chunk)

@@ -12,12 +12,11 @@ from airflow_provider_datagen._arguments import bad_argument
 
 # light modules (no Lance, pyarrow or numpy): DAG parsing may import them
 from airflow_provider_datagen.core.batch.cancel import cancel_each
-from airflow_provider_datagen.core.chunk_spec import ChunkSpec
-from airflow_provider_datagen.exceptions import BatchAPIError, ConfigurationError, ItemsFailedError
+from airflow_provider_datagen.exceptions import BatchAPIError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import (
     REPORT_XCOM_KEY,
-    DatagenBaseOperator,
+    DatagenChunkOperator,
     check_chunk_or_source,
     folded_status,
 )
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core import CheckpointLog
     from airflow_provider_datagen.core.batch import BatchRun
     from airflow_provider_datagen.core.batch.protocol import BatchClient, BatchStep
+    from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 
 _OWNER = "DatagenBatchOperator"
 _FAILED_SHOWN = 20
@@ -118,7 +118,7 @@ class _Carry:
         }
 
 
-class DatagenBatchOperator(DatagenBaseOperator):
+class DatagenBatchOperator(DatagenChunkOperator):
     """
     Run one chunk of items through a provider's batch API (OpenAI's Batch API, Anthropic's Message Batches),
     at the batch price, without holding a worker slot while the batches run.
@@ -228,19 +228,6 @@ class DatagenBatchOperator(DatagenBaseOperator):
         self.deferrable = deferrable
         #: (step, batch ids) of the batches this worker waits on now, for on_kill
         self._waiting: tuple[BatchStep, list[str]] | None = None
-
-    @property
-    def chunk_label(self) -> str:
-        """What the UI shows for this map index: the chunk's key range."""
-        try:
-            spec = self.spec() if self.chunk else None
-        except ConfigurationError:
-            return ""  # execute() raises the error naming the bad field: the label must not hide it
-        return "all items" if spec is None else spec.label
-
-    def spec(self) -> ChunkSpec | None:
-        """This task's chunk decoded (None without a plan); refuses one this provider cannot read."""
-        return None if self.chunk is None else ChunkSpec.from_xcom(self.chunk)
 
     # --- the rounds -----------------------------------------------------------------------------
 

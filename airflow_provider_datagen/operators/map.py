@@ -14,12 +14,11 @@ from airflow_provider_datagen._arguments import (
 )
 
 # a light module (no Lance, pyarrow or numpy): DAG parsing may import it
-from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedError
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import (
     REPORT_XCOM_KEY,
-    DatagenBaseOperator,
+    DatagenChunkOperator,
     check_chunk_or_source,
     folded_status,
 )
@@ -32,6 +31,8 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
+
+    from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 
 
 _FAILED_SHOWN = 20
@@ -90,7 +91,7 @@ class _Progress:
         )
 
 
-class DatagenMapOperator(DatagenBaseOperator):
+class DatagenMapOperator(DatagenChunkOperator):
     """
     Run one chunk of items resumably: skip acknowledged items, replay the inbox, then fresh items.
 
@@ -244,19 +245,6 @@ class DatagenMapOperator(DatagenBaseOperator):
         self.max_repeated_failures = check_positive_int(
             self, "max_repeated_failures", max_repeated_failures, allow_none=True
         )
-
-    @property
-    def chunk_label(self) -> str:
-        """What the UI shows for this map index: the chunk's key range."""
-        try:
-            spec = self.spec() if self.chunk else None
-        except ConfigurationError:
-            return ""  # execute() raises the error naming the bad field: the label must not hide it
-        return "all items" if spec is None else spec.label
-
-    def spec(self) -> ChunkSpec | None:
-        """This task's chunk decoded (None without a plan); refuses one this provider cannot read."""
-        return None if self.chunk is None else ChunkSpec.from_xcom(self.chunk)
 
     def _items(self, spec: ChunkSpec | None) -> tuple[list[Any], str]:
         """The items of this chunk (or of the whole source without a plan) and their key field."""
