@@ -9,7 +9,7 @@ import pytest
 from airflow_provider_datagen.core.events import encode_value
 from airflow_provider_datagen.core.schema import StepKind
 from airflow_provider_datagen.core.store.log import CheckpointLog
-from airflow_provider_datagen.exceptions import InvalidEventError
+from airflow_provider_datagen.exceptions import FencingError, InvalidEventError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -97,3 +97,24 @@ def test_an_append_mode_field_is_refused_before_any_write(tmp_path: Any) -> None
         w.commit_completions(STEP, [("a", [("", encode_value("y"))], encode_value({"attempt": 1}))])
     assert log.table.dataset().version == version  # type: ignore[union-attr]
     assert log.item_state("a").status.value == "running"
+
+
+def test_prime_created_tells_the_writer_what_its_lookup_would_and_fences_the_same(tmp_path: Any) -> None:
+    log = CheckpointLog.open(str(tmp_path / "log"), pipeline="p", experiment="e")
+    with log.writer("earlier", 3, processor_version="v1").batch() as b:
+        for iid in ("a", "b", "c"):
+            b.item_created(iid, input_fingerprint=f"fp-{iid}")
+    table = log.states_of(["a", "b", "c"])
+    columns = [table[c].to_pylist() for c in ("item_id", "last_seq", "input_fingerprint", "max_epoch")]
+
+    primed = log.writer("w", 3, processor_version="v1")
+    primed.item_cursors["c"] = [7, "mine", {"output": "set"}, True]  # a cursor the writer has is kept
+    primed.prime_created(*columns)
+    for iid in "ab":  # what the writer would fold itself (the reference fold of the item)
+        state = log.item_state(iid)
+        assert list(primed.item_cursors[iid][:3]) == [state.last_seq, state.input_fingerprint, dict(state.field_modes)]
+    assert primed.item_cursors["c"] == [7, "mine", {"output": "set"}, True]
+
+    older = log.writer("w", 2, processor_version="v1")
+    with pytest.raises(FencingError, match=r"writer 'w' at epoch 2 may not write item 'a': epoch 3 already owns it"):
+        older.prime_created(*columns)
