@@ -248,10 +248,11 @@ class Recording:
         """
         table = self.log.states_of(ids)
         running = pc.equal(table["status"], ItemStatus.RUNNING.value)
-        deep_mask = pc.and_(running, pc.not_equal(table["created_seq"], table["last_seq"]))
+        created_alone = pc.equal(table["created_seq"], table["last_seq"])
+        deep_mask = pc.and_(running, pc.invert(created_alone))
         # a generation that holds its ITEM_CREATED alone (a submission's items): the writer learns its
         # cursor here, instead of folding each item again when the rows are committed
-        created = table.filter(pc.and_(running, pc.equal(table["created_seq"], table["last_seq"])))
+        created = table.filter(pc.and_(running, created_alone))
         if created.num_rows:
             self.writer.prime_created(
                 *(created[c].to_pylist() for c in ("item_id", "last_seq", "input_fingerprint", "max_epoch"))

@@ -11,6 +11,7 @@ and the table is the one the one-by-one path builds (same sequence numbers, even
 from __future__ import annotations
 
 import hashlib
+import operator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -125,10 +126,6 @@ def sequence_completions(
     }
 
 
-def _values_array(encs: Sequence[EncodedValue | None], attr: int, typ: pa.DataType) -> pa.Array:
-    return pa.array([None if e is None else e[attr] for e in encs], typ)
-
-
 def completions_columns(
     staged: dict[str, Any],
     shapes: tuple[Shape, Shape, Shape],
@@ -182,8 +179,14 @@ def completions_columns(
     cols["input_fingerprint"] = pa.array(staged["fps"], pa.string()).take(take_item)
     encs = [*staged["encs"], *staged["values"]]
     cols["field"] = pa.array([*staged["names"], *([None] * n_items)], pa.string()).take(value_at)
-    for name, attr in (("value_kind", 0), ("value_json", 1), ("value_size", 3), ("value_digest", 4)):
-        cols[name] = _values_array(encs, attr, EVENT_SCHEMA.field(name).type).take(value_at)
+    for name, attr in (
+        ("value_kind", "kind"),
+        ("value_json", "json_text"),
+        ("value_size", "size"),
+        ("value_digest", "digest"),
+    ):
+        get = operator.attrgetter(attr)
+        cols[name] = pa.array([get(e) for e in encs], EVENT_SCHEMA.field(name).type).take(value_at)
     blob_type = EVENT_SCHEMA.field("value_blob").type
     blobs = [e.blob for e in encs]
     if all(b is None for b in blobs):

@@ -288,22 +288,9 @@ class LogWriter:
             self._lookup([iid for iid in unknown if iid not in items])
             sequenced = self._sequence(events, items)
             assert sequenced is not None
-        try:
-            table = self._table(batch, "/" in "\n".join(sequenced.cursors), sequenced)
-        except (UnicodeEncodeError, pa.ArrowInvalid) as exc:
-            raise InvalidEventError(
-                f"a batch of writer {self.writer_id!r} holds text that is not valid UTF-8 (an item id, "
-                f"field name or fingerprint with a lone surrogate?): {str(exc)[:200]}; decode it properly "
-                "(nothing of this batch was written)"
-            ) from None
-        if wait:
-            self.log.append(table)
-        else:
-            self.log.append_pipelined(table, self._lose)
-        items.update(sequenced.cursors)
-        self.commits += 1
-        self.events_written += n
-        return n
+        return self._land(
+            lambda: self._table(batch, "/" in "\n".join(sequenced.cursors), sequenced), sequenced.cursors, n, wait
+        )
 
     def commit_completions(self, step: str, rows: Sequence[Completion], *, wait: bool = True) -> int:
         """Complete many items in one commit: per item its FIELD_SETs, a STEP_COMPLETED with its value
@@ -329,21 +316,31 @@ class LogWriter:
             self.shape(TERMINAL_VALUE, status=ItemStatus.COMPLETED.value),
         )
         cursors, staged = completions.sequence_completions(rows, items, shapes)
-        cols = completions.completions_columns(staged, shapes, SHAPE_COLUMNS, self.processor_version)
         n = len(staged["digests"])
-        cols.update(self._constant_columns(n))
+
+        def table() -> pa.Table:
+            cols = completions.completions_columns(staged, shapes, SHAPE_COLUMNS, self.processor_version)
+            cols.update(self._constant_columns(n))
+            return pa.Table.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
+
+        return self._land(table, cursors, n, wait)
+
+    def _land(self, build: Callable[[], pa.Table], cursors: Mapping[str, Any], n: int, wait: bool) -> int:
+        """Build a sequenced commit's table and append it (pipelined unless ``wait``); then the writer
+        takes the commit's ``cursors``. Text Arrow refuses is an error before any write."""
         try:
-            table = pa.Table.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
+            table = build()
         except (UnicodeEncodeError, pa.ArrowInvalid) as exc:
             raise InvalidEventError(
-                f"a batch of writer {self.writer_id!r} holds text that is not valid UTF-8: {str(exc)[:200]}; "
-                "decode it properly (nothing of this batch was written)"
+                f"a batch of writer {self.writer_id!r} holds text that is not valid UTF-8 (an item id, "
+                f"field name or fingerprint with a lone surrogate?): {str(exc)[:200]}; decode it properly "
+                "(nothing of this batch was written)"
             ) from None
         if wait:
             self.log.append(table)
         else:
             self.log.append_pipelined(table, self._lose)
-        items.update(cursors)
+        self.item_cursors.update(cursors)
         self.commits += 1
         self.events_written += n
         return n

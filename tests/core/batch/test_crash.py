@@ -55,6 +55,23 @@ def _of(fake: FakeBatchServer, log: CheckpointLog) -> list[Any]:
     return [b for b in fake.batches if b.metadata.get(EXPERIMENT_KEY) == name]
 
 
+def _kill_inside_create(fake: FakeBatchServer, root: Path, *flags: str) -> None:
+    """Start a worker on experiment "killed" and SIGKILL it while the server holds its first create."""
+    fake.create_delay = 120.0  # ended by the kill (and the server's stop), never waited out
+    before = fake.creates
+    worker = _worker(root, "killed", fake, *flags)
+    try:
+        deadline = time.monotonic() + 120
+        while fake.creates == before:
+            assert worker.poll() is None, worker.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the worker never reached the batch create call"
+            time.sleep(0.02)
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)  # by its own PID, also when the wait failed
+    assert worker.wait(timeout=60) == -signal.SIGKILL
+    fake.create_delay = 0.0
+
+
 def _baseline(fake: FakeBatchServer, root: Path) -> CheckpointLog:
     log = open_experiment(root, "baseline")
     report = run(log, make_items(N), openai_step(fake.base_url, max_requests_per_batch=CHUNK))
@@ -76,19 +93,7 @@ def test_a_worker_killed_inside_batches_create_is_reattached_and_pays_once(
     fake: FakeBatchServer, tmp_path: Path
 ) -> None:
     baseline = _baseline(fake, tmp_path)
-    fake.create_delay = 120.0  # ended by the kill (and the server's stop), never waited out
-    before = fake.creates
-    worker = _worker(tmp_path, "killed", fake)
-    try:
-        deadline = time.monotonic() + 120
-        while fake.creates == before:
-            assert worker.poll() is None, worker.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the worker never reached batches.create"
-            time.sleep(0.02)
-    finally:
-        os.kill(worker.pid, signal.SIGKILL)  # by its own PID, also when the wait failed
-    assert worker.wait(timeout=60) == -signal.SIGKILL
-    fake.create_delay = 0.0
+    _kill_inside_create(fake, tmp_path)
     log = open_experiment(tmp_path, "killed")
     (sub,) = batches.open_submissions(log)  # the provider has it, the log does not know its id
     assert (sub.kind, sub.batch_id, len(sub.custom_ids)) == (batches.INTENT, None, CHUNK)
@@ -127,18 +132,7 @@ def test_an_anthropic_worker_killed_inside_create_submits_again_and_records_each
     baseline = open_experiment(tmp_path, "baseline")
     run(baseline, make_items(N), anthropic_step(fake.anthropic_base_url, max_requests_per_batch=CHUNK))
     first = fake.creates
-    fake.create_delay = 120.0
-    worker = _worker(tmp_path, "killed", fake, "--provider", "anthropic")
-    try:
-        deadline = time.monotonic() + 120
-        while fake.creates == first:
-            assert worker.poll() is None, worker.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the worker never reached messages.batches.create"
-            time.sleep(0.02)
-    finally:
-        os.kill(worker.pid, signal.SIGKILL)  # by its own PID, also when the wait failed
-    assert worker.wait(timeout=60) == -signal.SIGKILL
-    fake.create_delay = 0.0
+    _kill_inside_create(fake, tmp_path, "--provider", "anthropic")
     log = open_experiment(tmp_path, "killed")
     (sub,) = batches.open_submissions(log)
     assert (sub.kind, sub.batch_id) == (batches.INTENT, None)
