@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core import CheckpointLog, run_items
-from airflow_provider_datagen.core.batch import BatchRun, custom_id
+from airflow_provider_datagen.core.batch import BatchConfig, BatchRun, custom_id
 from airflow_provider_datagen.core.batch.protocol import BatchInfo, RowResult
 from airflow_provider_datagen.core.ledger.pricing import price_usd
 from airflow_provider_datagen.llm import llm_batch
@@ -86,7 +86,7 @@ def bench_batch_results(tmp: Path, quick: bool) -> dict[str, Any]:
     price_usd(f"openai:{MODEL}", 1, 1)
 
     log = CheckpointLog.open(str(tmp / "batch"), pipeline="bench", experiment="batch")
-    run = BatchRun(log, items, step, processor_version=step.version, writer_id="w", epoch=1)
+    run = BatchRun(log, items, step, BatchConfig(processor_version=step.version, writer_id="w", epoch=1))
     (sub,) = run.advance(client)  # submits: ITEM_CREATED for every item, the intent and the submission
     t = time.perf_counter()
     run.advance(client)  # polls (ended) and records every row
@@ -96,9 +96,11 @@ def bench_batch_results(tmp: Path, quick: bool) -> dict[str, Any]:
     # The Airflow path: the task submits, defers, and resumes in another process, whose new BatchRun (and
     # writer) knows nothing of the items yet.
     submitted = CheckpointLog.open(str(tmp / "resumed"), pipeline="bench", experiment="resumed")
-    BatchRun(submitted, items, step, processor_version=step.version, writer_id="w", epoch=1).advance(client)
+    BatchRun(submitted, items, step, BatchConfig(processor_version=step.version, writer_id="w", epoch=1)).advance(
+        client
+    )
     reopened = CheckpointLog.open(str(tmp / "resumed"), pipeline="bench", experiment="resumed")
-    resumed = BatchRun(reopened, items, step, processor_version=step.version, writer_id="w", epoch=1)
+    resumed = BatchRun(reopened, items, step, BatchConfig(processor_version=step.version, writer_id="w", epoch=1))
     t = time.perf_counter()
     resumed.advance(client)
     resumed_s = time.perf_counter() - t

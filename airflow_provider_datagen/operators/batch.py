@@ -316,7 +316,7 @@ class DatagenBatchOperator(DatagenChunkOperator):
         redo_completed: str,
     ) -> BatchRun:
         # Deferred: core imports Lance, which DAG parsing must not pay for.
-        from airflow_provider_datagen.core.batch import BatchRun
+        from airflow_provider_datagen.core.batch import BatchConfig, BatchRun
         from airflow_provider_datagen.core.retry import RetryPolicy
 
         writer_id = _writer_id(context)
@@ -324,16 +324,18 @@ class DatagenBatchOperator(DatagenChunkOperator):
             event_log,
             items,
             step,
-            processor_version=processor_version,
-            writer_id=writer_id,
-            epoch=epoch,
-            key_field=key_field,
-            retry=RetryPolicy.from_dict(self.retry) if self.retry is not None else None,
-            budget_usd=self.budget_usd,
-            budget_tokens=self.budget_tokens,
-            # the task instance in every event, as the map task's (the failure lens shows them)
-            airflow=_coords(context),
-            redo_completed=redo_completed,
+            BatchConfig(
+                processor_version=processor_version,
+                writer_id=writer_id,
+                epoch=epoch,
+                key_field=key_field,
+                retry=RetryPolicy.from_dict(self.retry) if self.retry is not None else None,
+                budget_usd=self.budget_usd,
+                budget_tokens=self.budget_tokens,
+                # the task instance in every event, as the map task's (the failure lens shows them)
+                airflow=_coords(context),
+                redo_completed=redo_completed,
+            ),
         )
         return run
 

@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from airflow_provider_datagen.core import run_batch
-from airflow_provider_datagen.core.batch import BatchRun
+from airflow_provider_datagen.core.batch import BatchConfig, BatchRun
 from airflow_provider_datagen.llm import llm_batch
 from dev.batch_server import FakeBatchServer
 
@@ -21,7 +21,9 @@ def test_open_batches_are_listed_with_their_items_then_the_attempt_names_its_bat
     lg = ui_log(P, "open")
     with FakeBatchServer(complete_after_polls=1000) as srv:
         step = llm_batch("Say {{ text }}", model_id="openai:gpt-4o-mini", base_url=srv.base_url, api_key="k")
-        run = BatchRun(lg, ITEMS, step, processor_version=step.version, writer_id="w", epoch=lg.next_epoch())
+        run = BatchRun(
+            lg, ITEMS, step, BatchConfig(processor_version=step.version, writer_id="w", epoch=lg.next_epoch())
+        )
         client_ = step.client()
         try:
             (sub,) = run.advance(client_)

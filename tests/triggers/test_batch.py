@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from airflow_provider_datagen.core.batch import BatchRun
+from airflow_provider_datagen.core.batch import BatchConfig, BatchRun
 from airflow_provider_datagen.core.batch.protocol import BatchInfo, RequestLine
 from airflow_provider_datagen.core.store import batches
 from airflow_provider_datagen.exceptions import ConfigurationError
@@ -191,7 +191,10 @@ def _two_chunks(
         subs = []
         for prefix in ("a", "b"):
             run = BatchRun(
-                log, make_items(3, prefix), step, processor_version=step.version, writer_id="w", epoch=log.next_epoch()
+                log,
+                make_items(3, prefix),
+                step,
+                BatchConfig(processor_version=step.version, writer_id="w", epoch=log.next_epoch()),
             )
             (sub,) = run.advance(client)
             subs.append(sub)

@@ -11,13 +11,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from airflow_provider_datagen.core.batch.config import BatchConfig
     from airflow_provider_datagen.core.batch.report import BatchReport
     from airflow_provider_datagen.core.batch.run import BatchRun, custom_id, run_batch
 
-__all__ = ["BatchReport", "BatchRun", "custom_id", "run_batch"]
+__all__ = ["BatchConfig", "BatchReport", "BatchRun", "custom_id", "run_batch"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "BatchConfig":
+        return importlib.import_module("airflow_provider_datagen.core.batch.config").BatchConfig
     if name in __all__:
         return getattr(importlib.import_module("airflow_provider_datagen.core.batch.run"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

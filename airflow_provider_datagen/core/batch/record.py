@@ -17,7 +17,7 @@ import orjson
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.batch.ids import attempt_of, base_of, custom_id
-from airflow_provider_datagen.core.events import EncodedValue, StepCoord, canonical_json, digest, encode_value
+from airflow_provider_datagen.core.events import EncodedValue, canonical_json, digest, encode_value
 from airflow_provider_datagen.core.ids import check_field_name
 from airflow_provider_datagen.core.ledger.pricing import price_usd
 from airflow_provider_datagen.core.ledger.records import attempt_entries, usage_record
@@ -172,7 +172,7 @@ class Recording:
                     b.failed(
                         item.item_id,
                         error=exc,
-                        at=StepCoord(step=step_name),
+                        step=step_name,
                         attempt=attempt,
                         usage=usage,
                         batch={**where_of, "custom_id": cid},
@@ -214,7 +214,7 @@ class Recording:
         b.failed(
             item.item_id,
             error=err,
-            at=StepCoord(step=self.step.step_name),
+            step=self.step.step_name,
             attempt=attempt,
             transient=transient,
             batch=where,

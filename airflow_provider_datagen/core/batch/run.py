@@ -28,12 +28,12 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.core.batch.config import BatchConfig
 from airflow_provider_datagen.core.batch.ids import base_of, custom_id, submission_key
 from airflow_provider_datagen.core.batch.protocol import BatchInfo
 from airflow_provider_datagen.core.batch.record import DONE, Recording
 from airflow_provider_datagen.core.batch.report import BatchReport
-from airflow_provider_datagen.core.events import StepCoord
-from airflow_provider_datagen.core.planner import REDO_NEVER, REDO_OTHER_VERSION, as_source, check_redo_completed
+from airflow_provider_datagen.core.planner import REDO_NEVER, as_source
 from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.core.store import batches
 from airflow_provider_datagen.exceptions import (
@@ -62,52 +62,26 @@ EXPERIMENT_KEY = "datagen_experiment"
 class BatchRun(Recording):
     """The batch run of ``items`` through ``step`` into ``log`` at ``(writer_id, epoch)``; see the module doc.
 
-    :param retry: ``attempts`` is how many times one item may be submitted per run (errored, expired and
-        cancelled rows are resubmitted until then); ``None``: once, and a row that did not succeed fails
-        its item (a rerun resubmits it).
-    :param budget_usd: no submission once the experiment's recorded cost reaches it, and none holding
-        more items than the rest covers at the mean cost of the items recorded so far.
-    :param budget_tokens: the same for tokens.
-    :param airflow: the task instance's coordinates stored in every event (the operator's), as ``run_items``'s.
-    :param redo_completed: ``"never"`` keeps items completed (or filtered) under another processor version;
-        ``"other_version"`` submits them again as a new generation, as ``run_items`` regenerates them.
+    ``config`` (:class:`~airflow_provider_datagen.core.batch.config.BatchConfig`) holds the run's checked
+    keyword arguments: the writer, the processor version, retries, the budget, ``redo_completed``.
     """
 
-    def __init__(
-        self,
-        log: CheckpointLog,
-        items: Iterable[Any],
-        step: BatchStep,
-        *,
-        processor_version: str,
-        writer_id: str,
-        epoch: int,
-        key_field: str = "id",
-        retry: RetryPolicy | None = None,
-        budget_usd: float | None = None,
-        budget_tokens: int | None = None,
-        airflow: dict[str, Any] | None = None,
-        redo_completed: str = REDO_NEVER,
-    ) -> None:
-        self.redo_other = check_redo_completed("run_batch", redo_completed) == REDO_OTHER_VERSION
-        for param, budget in (("budget_usd", budget_usd), ("budget_tokens", budget_tokens)):
-            if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
-                raise bad_argument("run_batch", param, budget, "is not a positive number", "e.g. 25.0, or None")
-        if not isinstance(processor_version, str) or not processor_version:
-            raise bad_argument(
-                "run_batch", "processor_version", processor_version, "is not a non-empty string", "e.g. step.version"
-            )
+    def __init__(self, log: CheckpointLog, items: Iterable[Any], step: BatchStep, config: BatchConfig) -> None:
+        self.config = config
+        self.redo_other = config.redo_other
         self.log = log
         self.step = step
-        self.processor_version = processor_version
-        self.max_attempts = retry.attempts if retry is not None else 1
-        self.budget_usd = budget_usd
-        self.budget_tokens = budget_tokens
+        self.processor_version = config.processor_version
+        self.max_attempts = config.max_attempts
+        self.budget_usd = config.budget_usd
+        self.budget_tokens = config.budget_tokens
         # run_items's items: dicts, or the SourceItems a plan's chunk gives (core/chunks.chunk_items)
-        self.items: list[SourceItem] = as_source(items, key_field)
+        self.items: list[SourceItem] = as_source(items, config.key_field)
         self.by_id = {it.item_id: it for it in self.items}
         self.by_base = {base_of(custom_id(it.item_id, it.fingerprint, 0)): it for it in self.items}
-        self.writer: LogWriter = log.writer(writer_id, epoch, processor_version=processor_version, airflow=airflow)
+        self.writer: LogWriter = log.writer(
+            config.writer_id, config.epoch, processor_version=config.processor_version, airflow=config.airflow
+        )
         self.report = BatchReport()
         #: submissions this run made per item (a row that did not succeed counts; a prompt error too)
         self.submitted: dict[str, int] = {}
@@ -283,7 +257,7 @@ class BatchRun(Recording):
                 try:
                     line = self.step.request(it.data, it.item_id, cid)
                 except DatagenError as exc:  # a prompt the item cannot render: it fails alone, never sent
-                    b.failed(it.item_id, error=exc, at=StepCoord(step=self.step.step_name), attempt=attempt)
+                    b.failed(it.item_id, error=exc, step=self.step.step_name, attempt=attempt)
                     self._give_up(it.item_id, exc)
                     continue
                 lines.append((it, line, fresh))
@@ -416,10 +390,7 @@ def run_batch(
     """
     if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or poll_interval < 0:
         raise bad_argument("run_batch", "poll_interval", poll_interval, "is not a number of seconds >= 0", "e.g. 60")
-    run = BatchRun(
-        log,
-        items,
-        step,
+    config = BatchConfig(
         processor_version=processor_version,
         writer_id=writer_id,
         epoch=epoch,
@@ -429,6 +400,7 @@ def run_batch(
         budget_tokens=budget_tokens,
         redo_completed=redo_completed,
     )
+    run = BatchRun(log, items, step, config)
     client = step.client()
     try:
         while True:

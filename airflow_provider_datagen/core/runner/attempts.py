@@ -153,7 +153,7 @@ def _stage_transient(
     interp.batch.failed(
         item.item_id,
         error=exc,
-        at=coord,
+        step=coord,
         attempt=item.attempt,
         transient=True,
         wait=rs.upcoming_sleep,

@@ -114,7 +114,7 @@ def on_failure(runner: Committer, item: WorkItem, exc: BaseException) -> None:
     runner.batch.failed(
         failed_id,
         error=err,
-        at=where,
+        step=where,
         attempt=attempt if attempt is not None or not used else item.attempt,
         # the usage the failed attempt recorded: it counts (money was spent), shown apart
         usage=staged_entries(shared, used) if used else None,

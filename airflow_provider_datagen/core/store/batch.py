@@ -361,8 +361,7 @@ class Batch:
         item_id: str,
         *,
         error: BaseException | str,
-        step: str | None = None,
-        at: StepCoord | None = None,
+        step: str | StepCoord | None = None,
         traceback: str | None = None,
         attempt: int | None = None,
         transient: bool = False,
@@ -378,15 +377,14 @@ class Batch:
         "wait"}`` in the value columns; a transient row is stored with status ``transient``, which the
         folds keep out of the item's ``failures`` (see docs/adr/0008-in-place-retries.md). The
         ``usage`` entries the failed attempt recorded join that JSON (docs/adr/0011-usage-ledger.md).
-        ``step`` names the step alone; ``at`` gives all its coordinates (the runner's, where it failed).
+        ``step`` names the step alone, or gives all its coordinates as a ``StepCoord`` (the runner's, where
+        it failed).
         ``batch`` (``{"batch_id", "custom_id"}``): the attempt was a row of a provider's batch
         (core/batch), stored as ``"batch": True`` beside them.
         """
         item_id = self._id(item_id)
-        if at is not None:
-            if step is not None and step != at.step:
-                raise InvalidEventError(f"item {item_id!r}: step {step!r} and at={at!r} name different steps")
-            step = at.step
+        at = step if isinstance(step, StepCoord) else None
+        step_name = step.step if isinstance(step, StepCoord) else step
         if isinstance(error, BaseException):
             # the user's error may break its own __str__: it must still fail only its item
             etype, message = error_type(error), error_message(error)
@@ -400,7 +398,7 @@ class Batch:
         where = at or _NOWHERE
         shape = self._writer.shape(
             FAILED_VALUE,
-            step=step,
+            step=step_name,
             step_kind=where.step_kind,
             enclosing_step=where.enclosing_step,
             iteration=where.iteration,

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from airflow_provider_datagen.core import RetryPolicy
-from airflow_provider_datagen.core.batch import BatchRun, custom_id, record, run
+from airflow_provider_datagen.core.batch import BatchConfig, BatchRun, custom_id, record, run
 from airflow_provider_datagen.core.batch.ids import attempt_of
 from airflow_provider_datagen.core.batch.record import BATCH_PRICE_FACTOR
 from airflow_provider_datagen.core.batch.run import SUBMISSION_KEY
@@ -357,7 +357,9 @@ class _LosesTheCreateAnswer:
 
 
 def _crash_in_create(log: CheckpointLog, items: list[dict[str, Any]], step: Any) -> None:
-    run_ = BatchRun(log, items, step, processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    run_ = BatchRun(
+        log, items, step, BatchConfig(processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    )
     client = _LosesTheCreateAnswer(step.client())
     try:
         with pytest.raises(_Crash):
@@ -452,7 +454,7 @@ def test_a_batch_the_provider_no_longer_knows_fails_its_rows_and_they_are_resubm
     log = checkpoint_log()
     step = openai_step(fake.base_url)
     fake.complete_after_polls = 1000
-    run = BatchRun(log, items, step, processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    run = BatchRun(log, items, step, BatchConfig(processor_version=step.version, writer_id="w", epoch=log.next_epoch()))
     client = step.client()
     try:
         (sub,) = run.advance(client)
@@ -527,7 +529,9 @@ def test_rows_of_a_cancelled_batch_that_never_ran_are_resubmitted(
     items = make_items(8)
     log = checkpoint_log()
     step = openai_step(fake.base_url) if provider == "openai" else anthropic_step(fake.anthropic_base_url)
-    first = BatchRun(log, items, step, processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    first = BatchRun(
+        log, items, step, BatchConfig(processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    )
     client = step.client()
     try:
         (sub,) = first.advance(client)  # submitted
@@ -557,7 +561,9 @@ def test_a_run_resuming_a_crashed_runs_batch_spends_no_more_than_retry_attempts(
     fake.errored = lambda cid: custom_id_base(cid) == doomed
     log = checkpoint_log()
     step = openai_step(fake.base_url)
-    crashed = BatchRun(log, items, step, processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    crashed = BatchRun(
+        log, items, step, BatchConfig(processor_version=step.version, writer_id="w", epoch=log.next_epoch())
+    )
     client = step.client()
     try:
         crashed.advance(client)  # submitted, then the process is gone
@@ -687,7 +693,9 @@ def test_a_submission_of_items_now_in_two_chunks_is_recorded_by_both_and_paid_on
     log = checkpoint_log()
     step = openai_step(fake.base_url)
     client = step.client()
-    whole = BatchRun(log, items, step, processor_version=step.version, writer_id="w0", epoch=log.next_epoch())
+    whole = BatchRun(
+        log, items, step, BatchConfig(processor_version=step.version, writer_id="w0", epoch=log.next_epoch())
+    )
     (sub,) = whole.advance(client)  # submitted, still in progress
     client.close()
     assert fake.creates == 1 and len(sub.item_ids) == 10

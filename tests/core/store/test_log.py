@@ -207,7 +207,7 @@ def test_failures_lens(log: CheckpointLog) -> None:
         with w.batch() as b:
             b.failed("5", error=exc, step="gen")
     with w.batch() as b:
-        b.failed("5", error="plain message", at=StepCoord(step="gen", iteration=2))
+        b.failed("5", error="plain message", step=StepCoord(step="gen", iteration=2))
     st = log.item_state("5")
     assert st.status is ItemStatus.RUNNING  # FAILED never changes the lifecycle
     assert st.failures == 2
