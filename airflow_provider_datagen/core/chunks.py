@@ -23,7 +23,7 @@ from airflow_provider_datagen.core import partitioned_plan
 from airflow_provider_datagen.core.chunk_spec import FORMAT_KEY, ChunkSpec
 from airflow_provider_datagen.core.events import decode_source_json
 from airflow_provider_datagen.core.ids import key_of, root_item_id
-from airflow_provider_datagen.core.plan.assemble import assemble, part_of, status_counts
+from airflow_provider_datagen.core.plan.assemble import assemble, part_of, source_counts
 from airflow_provider_datagen.core.planner import (
     REDO_NEVER,
     ResumePlan,
@@ -356,7 +356,7 @@ def _plan_in_memory(
     part = part_of(cls, match, states, scanned.ids, kept=kept, offs=scanned.offsets)
     assembled = assemble([part], log_version=log.version)
     status = log.summary(states)
-    status.update(status_counts(states, match))
+    status.update(source_counts(states, match))
     return partitioned_plan.PathPlan(assembled.plan, status, assembled.pending_pos, assembled.pending_offsets)
 
 

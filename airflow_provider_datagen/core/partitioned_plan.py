@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
 from airflow_provider_datagen.core.gil import short_gil_turns
-from airflow_provider_datagen.core.plan.assemble import Part, assemble, part_of, status_counts
+from airflow_provider_datagen.core.plan.assemble import Part, assemble, part_of, source_counts
 from airflow_provider_datagen.core.plan.rules import ResumePlan, classes, ints, match_states
 from airflow_provider_datagen.core.source_scan import ScannedBatch, check_unique
 from airflow_provider_datagen.core.spill import (
@@ -35,7 +35,7 @@ from airflow_provider_datagen.core.spill import (
     buckets_of,
     give_back_memory,
 )
-from airflow_provider_datagen.core.status import FAILED_SAMPLE, summarize
+from airflow_provider_datagen.core.status import FAILED_SAMPLE, tally
 from airflow_provider_datagen.core.store.projection import ProjectionUnreadable, rows_of
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.store.log import CheckpointLog
     from airflow_provider_datagen.core.store.projection import FoldStreams
 
-# ``status_counts`` is imported for this module's callers too: it was defined here before core/plan/.
-__all__ = ["PathPlan", "bucket_count", "plan_partitioned", "status_counts", "take_head"]
+__all__ = ["PathPlan", "bucket_count", "plan_partitioned", "take_head"]
 
 #: Source rows above which a path source is planned in buckets (below it, in memory: faster).
 PARTITION_ROWS = 1 << 19
@@ -255,10 +254,14 @@ def _classify_bucket(
     log: CheckpointLog,
 ) -> None:
     """Classify one bucket's source rows against its states; keep only what the plan hands on."""
-    summary = summarize(states, pipeline=log.pipeline, experiment=log.experiment, log_version=0)
-    for key in ("failed_items", "children", "fencing_violations"):
-        acc.counts[key] = acc.counts.get(key, 0) + int(summary[key])
-    acc.failed_sample = sorted([*acc.failed_sample, *summary["failed_item_ids"]])[:FAILED_SAMPLE]
+    counted = tally(states)
+    for key, n in (
+        ("failed_items", counted.failed),
+        ("children", counted.children),
+        ("fencing_violations", counted.violations),
+    ):
+        acc.counts[key] = acc.counts.get(key, 0) + n
+    acc.failed_sample = sorted([*acc.failed_sample, *counted.failed_ids])[:FAILED_SAMPLE]
     n = mine.num_rows
     if not n:
         _collect_removed(acc, states, np.zeros(states.num_rows, bool))
@@ -275,7 +278,7 @@ def _classify_bucket(
     _collect_removed(acc, states, held)
     cls, kept = classes(match, states, processor_version, redo_completed)
     acc.parts.append(part_of(cls, match, states, ids, kept=kept, pos=pos, offs=offs))
-    for key, value in status_counts(states, match).items():
+    for key, value in source_counts(states, match).items():
         if key == "completed_by_version":
             for version, count in value.items():
                 acc.by_version[version] = acc.by_version.get(version, 0) + count

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.gil import short_gil_turns
-from airflow_provider_datagen.core.plan.assemble import assemble, part_of, status_counts
+from airflow_provider_datagen.core.plan.assemble import assemble, part_of, source_counts
 from airflow_provider_datagen.core.plan.rules import (
     CLS_DEMOTED,
     CLS_FRESH,
@@ -290,7 +290,7 @@ def _source_status(
     from airflow_provider_datagen.core.store.tally import finish
 
     logged = int(summary["total"])
-    summary.update(status_counts(states, match))
+    summary.update(source_counts(states, match))
     # the log's root items this source does not hold: counted apart, never pending
     held = pa.array(ids, pa.string()).filter(pa.array(match.found)) if match.found.any() else None
     roots = 0 if held is None else int(pc.sum(pc.equal(pc.count_substring(held, "/"), 0)).as_py() or 0)

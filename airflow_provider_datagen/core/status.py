@@ -251,10 +251,16 @@ def item_counts(
     return counts
 
 
-def summary_of(
+def status_dict(
     t: Tally, *, pipeline: str, experiment: str, log_version: int, usage: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The ``datagen_status`` dict of a :class:`Tally` (see :func:`summarize`)."""
+    """The ``datagen_status`` dict of a :class:`Tally`: root items by lifecycle status, failures, children.
+
+    Counts are over root items (children are counted apart); ``pending`` is what a rerun would touch:
+    running (failed included) plus never started. ``completed_by_version`` splits ``completed`` by
+    the processor version of each item's completing generation, e.g. ``{"v1": 480, "v2": 20}``.
+    ``usage`` is the log's usage ledger (``CheckpointLog.usage()``: calls, tokens, cost by model).
+    """
     counts = {s.value: int(t.statuses.get(s.value, 0)) for s in ItemStatus}
     values: DatagenStatus = {
         "pipeline": pipeline,
@@ -281,16 +287,3 @@ def summary_of(
     }
     built = dict(values)
     return {key: built[key] for key in STATUS_KEYS}
-
-
-def summarize(
-    states: pa.Table, *, pipeline: str, experiment: str, log_version: int, usage: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The ``datagen_status`` dict of a state table: root items by lifecycle status, failures, children.
-
-    Counts are over root items (children are counted apart); ``pending`` is what a rerun would touch:
-    running (failed included) plus never started. ``completed_by_version`` splits ``completed`` by
-    the processor version of each item's completing generation, e.g. ``{"v1": 480, "v2": 20}``.
-    ``usage`` is the log's usage ledger (``CheckpointLog.usage()``: calls, tokens, cost by model).
-    """
-    return summary_of(tally(states), pipeline=pipeline, experiment=experiment, log_version=log_version, usage=usage)

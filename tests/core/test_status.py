@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_datagen.core import DatagenStatus
-from airflow_provider_datagen.core.status import STATUS_KEYS, Tally, item_counts, summary_of
+from airflow_provider_datagen.core.status import STATUS_KEYS, Tally, item_counts, status_dict
 
 
 def test_the_status_keys_are_the_typed_dicts() -> None:
@@ -45,7 +45,7 @@ def test_a_status_lists_every_key_in_order() -> None:
         children=4,
         violations=0,
     )
-    status = summary_of(t, pipeline="p", experiment="e", log_version=9)
+    status = status_dict(t, pipeline="p", experiment="e", log_version=9)
     assert list(status) == list(STATUS_KEYS)
     assert {k: status[k] for k in ("total", "completed", "filtered", "running", "never_started", "pending")} == {
         "total": 7,

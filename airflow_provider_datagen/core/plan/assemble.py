@@ -167,7 +167,7 @@ def assemble(parts: Sequence[Part], *, log_version: int, list_skip: bool = False
     return Assembled(plan, pending_pos, (np.concatenate(offsets) if offsets else empty) if with_offs else None)
 
 
-def status_counts(states: pa.Table, match: StateMatch) -> dict[str, Any]:
+def source_counts(states: pa.Table, match: StateMatch) -> dict[str, Any]:
     """A source's counts in the ``datagen_status`` dict, from how its items matched ``states``.
 
     The status's view: no processor version demotes anything, so this classifies ``match`` again

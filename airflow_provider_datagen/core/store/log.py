@@ -39,7 +39,8 @@ from airflow_provider_datagen.core.schema import (
     ItemStatus,
 )
 from airflow_provider_datagen.core.sources import snapshot_digest
-from airflow_provider_datagen.core.status import summarize
+from airflow_provider_datagen.core.status import status_dict
+from airflow_provider_datagen.core.status import tally as tally_of
 from airflow_provider_datagen.core.store import (
     epochs,
     lance_io,
@@ -467,18 +468,22 @@ class CheckpointLog:
         return projection.projection_version(self.table)
 
     def summary(self, states: pa.Table | None = None) -> dict[str, Any]:
-        """The ``datagen_status`` dict of this log (see :func:`~airflow_provider_datagen.core.status.summarize`).
+        """The ``datagen_status`` dict of this log (see :func:`~airflow_provider_datagen.core.status.status_dict`).
 
         Without ``states``, counted from the state projection and the items changed since when it can
         be (see :mod:`.tally`), else from :meth:`states`.
         """
         if states is None:
-            counted = tally.summary(self)  # the projection's counts and the items changed since
+            counted = tally.log_status(self)  # the projection's counts and the items changed since
             if counted is not None:
                 return counted
             states = self.states()
-        return summarize(
-            states, pipeline=self.pipeline, experiment=self.experiment, log_version=self.version, usage=self.usage()
+        return status_dict(
+            tally_of(states),
+            pipeline=self.pipeline,
+            experiment=self.experiment,
+            log_version=self.version,
+            usage=self.usage(),
         )
 
     # --- usage and budget (see usage_reads.py and docs/adr/0011-usage-ledger.md) ------------------

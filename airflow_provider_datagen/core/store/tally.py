@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from airflow_provider_datagen.core.fold import STATE_SCHEMA, fold_table
 from airflow_provider_datagen.core.ledger.budget import Budget
 from airflow_provider_datagen.core.schema import LIGHT_COLUMNS, ItemStatus
-from airflow_provider_datagen.core.status import Tally, item_counts, summarize, summary_of, tally
+from airflow_provider_datagen.core.status import Tally, item_counts, status_dict, tally
 from airflow_provider_datagen.core.store import batches, lance_io, projection
 from airflow_provider_datagen.core.store.source_ref import SourceRef, recorded_source
 
@@ -58,19 +58,23 @@ class LogReads(Protocol):
     def budget(self) -> dict[str, Any]: ...
 
 
-def summary(log: LogReads) -> dict[str, Any] | None:
-    """:meth:`CheckpointLog.summary` from :func:`current_tally`, or from a fold of the log when it cannot be.
+def log_status(log: LogReads) -> dict[str, Any] | None:
+    """:meth:`CheckpointLog.summary` from :func:`stored_tally`, or from a fold of the log when it cannot be.
 
     Either way counted over the recorded source and with ``stopped_by_budget`` (see :func:`finish`).
     """
     ds = log.table.dataset()
-    counted = None if ds is None else current_tally(log.table, ds)
+    counted = None if ds is None else stored_tally(log.table, ds)
     if ds is None or counted is None:
-        status = summarize(
-            log.states(), pipeline=log.pipeline, experiment=log.experiment, log_version=log.version, usage=log.usage()
+        status = status_dict(
+            tally(log.states()),
+            pipeline=log.pipeline,
+            experiment=log.experiment,
+            log_version=log.version,
+            usage=log.usage(),
         )
     else:
-        status = summary_of(
+        status = status_dict(
             counted, pipeline=log.pipeline, experiment=log.experiment, log_version=int(ds.version), usage=log.usage()
         )
     return finish(log, status, whole_log=True)
@@ -141,7 +145,7 @@ def over_source(log: LogReads, status: dict[str, Any], ref: SourceRef) -> None:
     status["removed"] = gone.roots
 
 
-def current_tally(log: LanceTable, ds: lance.LanceDataset) -> Tally | None:
+def stored_tally(log: LanceTable, ds: lance.LanceDataset) -> Tally | None:
     """The tally of the log at ``ds``'s version from the stored projection and the events since.
 
     None when there is no projection with a tally that covers a version up to ``ds``'s, or when

@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_datagen.core import partitioned_plan
 from airflow_provider_datagen.core.fold import STATE_SCHEMA
-from airflow_provider_datagen.core.plan.assemble import assemble, part_of, status_counts
+from airflow_provider_datagen.core.plan.assemble import assemble, part_of, source_counts
 from airflow_provider_datagen.core.plan.rules import (
     CLASS_FIELDS,
     CLS_REPLAY,
@@ -119,7 +119,7 @@ def test_status_counts_are_the_item_by_item_counts(seed: int) -> None:
     for j in completed:
         v = versions[m.pick[j]] or NO_VERSION
         by_version[v] = by_version.get(v, 0) + 1
-    counts = status_counts(states, m)
+    counts = source_counts(states, m)
     running = sum(1 for c in cls if c == CLS_REPLAY)
     fresh, invalidated = (sum(1 for c in cls if c == k) for k in (PENDING_ORDER[3], PENDING_ORDER[2]))
     assert counts["total"] == len(ids)
@@ -129,11 +129,11 @@ def test_status_counts_are_the_item_by_item_counts(seed: int) -> None:
     assert counts["invalidated"] == invalidated
     assert counts["pending"] == running + fresh + invalidated
     assert counts["completed_by_version"] == dict(sorted(by_version.items()))
-    assert partitioned_plan.status_counts is status_counts
+    assert partitioned_plan.source_counts is source_counts  # one home: the partitioned plan counts with it too
 
 
 def test_no_version_key_is_named_as_the_status_names_it() -> None:
     _, _, states, m = _world(1)
-    counts = status_counts(states, m)
+    counts = source_counts(states, m)
     assert all(isinstance(k, str) for k in counts["completed_by_version"])
     assert set(counts["completed_by_version"]) <= {"v1", "v2", NO_VERSION}

@@ -38,7 +38,7 @@ def _folded(root: Any, experiment: str) -> dict[str, Any]:
 def _counted(root: Any, experiment: str) -> tuple[dict[str, Any], Tally | None]:
     fresh = open_log(root, experiment)
     ds = fresh.table.dataset()
-    return fresh.summary(), None if ds is None else tally_module.current_tally(fresh.table, ds)
+    return fresh.summary(), None if ds is None else tally_module.stored_tally(fresh.table, ds)
 
 
 @settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -164,13 +164,13 @@ def test_a_projection_without_a_tally_or_too_many_changes_is_folded(tmp_path: An
     )
     lance_io.overwrite_dataset(table, log.projection_uri, None)  # as written before tallies existed
     fresh = open_log(tmp_path, "old")
-    assert tally_module.current_tally(fresh.table, fresh.table.dataset()) is None
+    assert tally_module.stored_tally(fresh.table, fresh.table.dataset()) is None
     assert fresh.summary() == _folded(tmp_path, "old")
     log.maintain()  # a new projection carries its tally again
     more = [{"id": 1000 + i, "text": "x"} for i in range(1100)]
     run_items(log, more, failing_on(set(), "flat"), writer_id="w2", epoch=2)  # far more than half the items
     fresh = open_log(tmp_path, "old")
-    assert tally_module.current_tally(fresh.table, fresh.table.dataset()) is None
+    assert tally_module.stored_tally(fresh.table, fresh.table.dataset()) is None
     assert fresh.summary() == _folded(tmp_path, "old")
 
 
