@@ -144,7 +144,10 @@ def plan_source_ref(
     """
     if isinstance(source, (list, tuple)):
         kind, fmt = INLINE, SNAPSHOT
-        uri = snapshot or log.write_source_snapshot(load_source(list(source), key_field))
+        if snapshot is None:
+            texts: list[bytes] = []
+            snapshot = log.write_source_snapshot(load_source(list(source), key_field, texts=texts), texts)
+        uri = snapshot
         redacted = False
     else:
         kind = PATH
@@ -209,7 +212,9 @@ def _plan_list_chunks(
     redo_completed: str,
 ) -> PlannedChunks:
     """The plan of an inline source: its items snapshotted beside the log when any is pending."""
-    items = load_source(source, key_field)
+    # each item's canonical text, kept from its fingerprint for the snapshot: every item is encoded once
+    texts: list[bytes] = []
+    items = load_source(source, key_field, texts=texts)
     states = log.states()
     # the mapped tasks read the log next: with the fold stored, they read it and the events since
     log.refresh_projection()
@@ -217,7 +222,7 @@ def _plan_list_chunks(
     plan, status = classify_with_status(log, items, states, processor_version, redo_completed=redo_completed)
     pending = plan.pending
     size = _size(len(pending), chunk_size, max_chunks)
-    ref = log.write_source_snapshot(items) if pending else ""
+    ref = log.write_source_snapshot(items, texts) if pending else ""
     chunks = [
         _descriptor(
             log,

@@ -269,12 +269,15 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def canonical_source_bytes(item: Any) -> bytes:
+    """:func:`canonical_source_json`'s text of a source item as UTF-8 (by orjson where it encodes alike)."""
+    raw = orjson_canonical(item)
+    return raw if raw is not None else canonical_source_json(item).encode("utf-8")
+
+
 def fingerprint_of(item: Any) -> str:
     """The input fingerprint of a source item: a digest of its :func:`canonical_source_json` text."""
-    raw = orjson_canonical(item)
-    if raw is not None:
-        return hashlib.sha256(raw).hexdigest()[:32]
-    return digest(canonical_source_json(item).encode("utf-8"))[:32]
+    return hashlib.sha256(canonical_source_bytes(item)).hexdigest()[:32]
 
 
 #: Bytes of a SHA-256 digest an input fingerprint keeps (its 32 hex characters).

@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 from airflow_provider_datagen.core.events import (
     _FAST,
     ORJSON_OPTIONS,
+    canonical_source_bytes,
     fingerprint_array,
-    fingerprint_of,
     orjson_canonical,
     orjson_plain,
 )
@@ -120,11 +120,15 @@ class _DraftItem(SourceItem):
         self.__class__ = SourceItem  # type: ignore[assignment]
 
 
-def prepare_items(items: Iterable[Any], key_field: str = "id", start: int = 0) -> list[SourceItem]:
+def prepare_items(
+    items: Iterable[Any], key_field: str = "id", start: int = 0, *, texts: list[bytes] | None = None
+) -> list[SourceItem]:
     """Validate every item before anything is written: dicts, keyed, unique keys, of encodable source values.
 
     ``start``: the position of the first item in its whole source (a streamed batch's), so an error
-    names an item by its place in the source, as an unstreamed read would.
+    names an item by its place in the source, as an unstreamed read would. ``texts``: a list that
+    gets each item's canonical text (UTF-8, what its fingerprint digests), in order, so a caller that
+    stores it (an inline source's snapshot) does not encode the items a second time.
     """
     if isinstance(items, (str, bytes, Mapping)):
         raise InvalidItemError(
@@ -136,7 +140,7 @@ def prepare_items(items: Iterable[Any], key_field: str = "id", start: int = 0) -
     seen: dict[str, int] = {}
     if _FAST is None:  # no C encoder: every item takes the general path
         for pos, item in enumerate(items, start):
-            out.append(_prepare_one(pos, item, key_field, seen))
+            out.append(_prepare_one(pos, item, key_field, seen, texts))
         return out
     # The common case inline: a plain dict keyed by a str or a small int that needs no escaping, encoded
     # by the C encoder. It computes exactly what the general path would (the same encoder call as
@@ -174,8 +178,10 @@ def prepare_items(items: Iterable[Any], key_field: str = "id", start: int = 0) -
                 if raw is not None:
                     seen[iid] = pos
                     append(draft(iid, iid, item, sha256(raw).hexdigest()[:32], pos))
+                    if texts is not None:
+                        texts.append(raw)
                     continue
-        append(_prepare_one(pos, item, key_field, seen))
+        append(_prepare_one(pos, item, key_field, seen, texts))
     return out
 
 
@@ -340,7 +346,9 @@ _INT_KEY_MIN = -(10**18)
 _INT_KEY_MAX = 10**18
 
 
-def _prepare_one(pos: int, item: Any, key_field: str, seen: dict[str, int]) -> SourceItem:
+def _prepare_one(
+    pos: int, item: Any, key_field: str, seen: dict[str, int], texts: list[bytes] | None = None
+) -> SourceItem:
     """Validate and build one item through the public functions (the general path of prepare_items)."""
     if not isinstance(item, Mapping):
         raise InvalidItemError(
@@ -369,12 +377,14 @@ def _prepare_one(pos: int, item: Any, key_field: str, seen: dict[str, int]) -> S
     # a dict is kept as given (see SourceItem); other mappings become one, as JSON needs
     data = item if isinstance(item, dict) else dict(item)
     try:
-        fp = fingerprint_of(data)
+        raw = canonical_source_bytes(data)
     except InvalidItemError:
         raise
     except Exception as exc:
         raise InvalidItemError(f"item {iid!r}: {exc}") from None
-    return SourceItem(iid, key_s, data, fp, pos)
+    if texts is not None:
+        texts.append(raw)
+    return SourceItem(iid, key_s, data, hashlib.sha256(raw).hexdigest()[:32], pos)
 
 
 def source_path(source: Any) -> str:
@@ -444,10 +454,15 @@ def _table_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
 
 
 def load_source(
-    source: Any, key_field: str = "id", *, storage_options: dict[str, str] | None = None
+    source: Any,
+    key_field: str = "id",
+    *,
+    storage_options: dict[str, str] | None = None,
+    texts: list[bytes] | None = None,
 ) -> list[SourceItem]:
-    """Read and validate a whole source (``storage_options``: see :func:`read_source`)."""
-    return prepare_items(read_source(source, storage_options=storage_options), key_field)
+    """Read and validate a whole source (``storage_options``: see :func:`read_source`; ``texts``: see
+    :func:`prepare_items`)."""
+    return prepare_items(read_source(source, storage_options=storage_options), key_field, texts=texts)
 
 
 def snapshot_digest(items: list[SourceItem]) -> str:

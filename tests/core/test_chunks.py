@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections import Counter
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from airflow_provider_datagen.core import CheckpointLog
 from airflow_provider_datagen.core.chunks import chunk_items, plan_chunks
@@ -18,6 +20,8 @@ from airflow_provider_datagen.core.store.lance_io import read_lance_table
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    import pytest
 
 UTC = dt.UTC
 PARIS_WINTER = dt.timezone(dt.timedelta(hours=1))
@@ -100,3 +104,40 @@ def test_chunk_descriptors_carry_ids_never_payloads(tmp_path: Path) -> None:
         for value in ("2024-0", "T00:30", "0.10", "kept", "$ref", "AP8=", "nested", "tagged:"):
             assert value not in text, (name, value)
         assert [s.data for c in chunks for s in _chunk_items(c)] == items
+
+
+def test_an_inline_plan_encodes_each_item_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fingerprint's canonical text is the snapshot's: planning an inline source encodes each item once."""
+    from airflow_provider_datagen.core import events, sources
+    from airflow_provider_datagen.core.store import log as log_module
+
+    items = [*typed_items(), *({"id": f"plain{n}", "text": f"t{n}"} for n in range(20))]
+    encoded: Counter[str] = Counter()
+    depth = [0]  # the tagged form is encoded inside canonical_source_json: one encoding of the item
+
+    def counting(module: Any, name: str, *, none_is_no_text: bool) -> None:
+        real = getattr(module, name)
+
+        def wrapper(value: Any, *args: Any, **kwargs: Any) -> Any:
+            depth[0] += 1
+            try:
+                out = real(value, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0 and isinstance(value, dict) and "id" in value and not (none_is_no_text and out is None):
+                encoded[value["id"]] += 1
+            return out
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    counting(events, "orjson_canonical", none_is_no_text=True)
+    counting(sources, "orjson_canonical", none_is_no_text=True)
+    counting(events, "canonical_source_json", none_is_no_text=False)
+    counting(log_module, "canonical_source_json", none_is_no_text=False)
+    log = CheckpointLog.open(tmp_path, pipeline="p", experiment="once")
+    planned = plan_chunks(log, items, chunk_size=10)
+    assert planned.plan.pending == [i["id"] for i in items]
+    assert encoded == Counter({i["id"]: 1 for i in items})
+    snapshot = read_lance_table(planned.chunks[0]["source"])
+    monkeypatch.undo()
+    assert snapshot["item"].to_pylist() == [canonical_source_json(i) for i in items]

@@ -523,18 +523,21 @@ class CheckpointLog:
         """Version, fragment count, event count and on-disk size of the log."""
         return self.table.stats()
 
-    def write_source_snapshot(self, items: Sequence[SourceItem]) -> str:
-        """Store an inline source once, content-addressed beside the log; returns its URI."""
+    def write_source_snapshot(self, items: Sequence[SourceItem], texts: Sequence[bytes] | None = None) -> str:
+        """Store an inline source once, content-addressed beside the log; returns its URI.
+
+        ``texts``: the items' canonical texts (UTF-8) as ``prepare_items(texts=...)`` kept them while
+        fingerprinting; without them each item is encoded again.
+        """
         uri = snapshot_uri(self.uri, snapshot_digest(list(items)))
 
         def table() -> pa.Table:
-            return pa.table(
-                {
-                    "item_id": [s.item_id for s in items],
-                    # the text the fingerprint digests; chunk_items decodes it back to the same values
-                    "item": [canonical_source_json(s.data, what=f"item {s.item_id!r}") for s in items],
-                }
-            )
+            # the text the fingerprint digests; chunk_items decodes it back to the same values
+            if texts is not None and len(texts) == len(items):
+                item = pa.array(texts, pa.binary()).cast(pa.string())
+            else:
+                item = pa.array([canonical_source_json(s.data, what=f"item {s.item_id!r}") for s in items], pa.string())
+            return pa.table({"item_id": pa.array([s.item_id for s in items], pa.string()), "item": item})
 
         lance_io.write_source_snapshot(uri, table, self.storage_options, log_uri=self.uri)
         return uri
