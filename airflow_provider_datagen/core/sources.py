@@ -30,7 +30,8 @@ from airflow_provider_datagen.core.events import (
     orjson_canonical,
     orjson_plain,
 )
-from airflow_provider_datagen.core.ids import MAX_KEY_LENGTH, escape_key, root_item_id
+from airflow_provider_datagen.core.ids import root_item_id
+from airflow_provider_datagen.core.key_ids import INT_KEY_MAX, INT_KEY_MIN, all_own_ids, own_id, own_id_array
 from airflow_provider_datagen.core.store.lance_io import read_lance_table
 from airflow_provider_datagen.core.store.paths import open_input_file
 from airflow_provider_datagen.core.uri import has_scheme
@@ -157,17 +158,7 @@ def prepare_items(
     missing = _MISSING
     for pos, item in enumerate(items, start):
         if type(item) is dict:
-            key = item.get(key_field, missing)
-            kind = type(key)
-            if kind is str:
-                # _check_key's surrogate test is left to the item's UTF-8 encoding below: the key is
-                # one of the item's values, so a key with a lone surrogate fails that encode
-                # escape_key returns the key itself when nothing needs escaping
-                iid = key if 0 < len(key) <= MAX_KEY_LENGTH and "\x00" not in key and escape_key(key) is key else None
-            elif kind is int and _INT_KEY_MIN < key < _INT_KEY_MAX:
-                iid = str(key)  # digits and a sign: nothing to escape, never too long
-            else:
-                iid = None
+            iid = own_id(item.get(key_field, missing))  # None: the general path checks and escapes the key
             if iid is not None and iid not in seen:
                 raw = orjson_canonical(item)
                 if raw is None:
@@ -207,7 +198,7 @@ def row_ids(rows: list[Any], key_field: str) -> list[str] | None:
         return None
     if int in kinds:
         ints = [key for key in keys if type(key) is int]
-        if not (min(ints) > _INT_KEY_MIN and max(ints) < _INT_KEY_MAX):
+        if not (min(ints) > INT_KEY_MIN and max(ints) < INT_KEY_MAX):
             return None
         return list(map(str, keys))  # str() of a str is the str itself
     return keys
@@ -228,7 +219,7 @@ def fingerprint_rows(
     """
     # Per row only what must be, the encoding and its digest, in one comprehension (the checks and
     # appends of a loop per row were a fifth of the time). The keys' characters and lengths are
-    # checked once over all of them (_plain_keys), and the digests turned to hex text in one call
+    # checked once over all of them (key_ids.all_own_ids), and the digests turned to hex text in one call
     # (events.fingerprint_array).
     if ids is None:
         ids = row_ids(rows, key_field)
@@ -245,18 +236,13 @@ def fingerprint_rows(
         digests = [sha256(dumps(row, option=options)).digest() for row in rows]
     except orjson.JSONEncodeError:
         return None  # a lone surrogate, an int past 64 bits, a non-str dict key
-    if not _plain_keys(ids):
+    if not all_own_ids(ids):
         return None
     return ids, fingerprint_array(digests)
 
 
 _KEY_TYPES = frozenset((str, int))
 _NESTED = _PLAIN | {float, list, dict}
-
-
-def _plain_keys(ids: list[str]) -> bool:
-    """Whether every key is its own item id (the rule of :func:`_batch_ids`, over the whole list at once)."""
-    return not ids or _batch_ids(pa.array(ids, pa.string())) is not None
 
 
 def fingerprint_batch(batch: pa.RecordBatch, key_field: str) -> tuple[pa.Array, pa.Array] | None:
@@ -272,7 +258,7 @@ def fingerprint_batch(batch: pa.RecordBatch, key_field: str) -> tuple[pa.Array, 
     n = batch.num_rows
     if key_field not in names or len(set(names)) != len(names) or not n:
         return None
-    ids = _batch_ids(batch.column(key_field))  # first: a refused key makes the encodings wasted work
+    ids = own_id_array(batch.column(key_field))  # first: a refused key makes the encodings wasted work
     if ids is None:
         return None
     args: list[Any] = []
@@ -316,34 +302,6 @@ def _encoded_column(column: pa.Array, n: int) -> pa.Array | None:
     offsets[0], offsets[n] = 1, len(data)  # after the '['
     offsets[1:n] = commas + 1
     return pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-
-
-def _batch_ids(keys: pa.Array) -> pa.Array | None:
-    """The item ids of a key column when every key is its own id, else None (the fast paths' one key rule).
-
-    Its own id: an int inside +-10**18, or a str of 1 to ``MAX_KEY_LENGTH`` characters with none that
-    an id escapes (NUL, ``%``, ``/``, ``:``); any other key goes to :func:`prepare_items`.
-    """
-    kind = keys.type
-    if pa.types.is_integer(kind):
-        bounds = pc.min_max(keys)
-        if not _INT_KEY_MIN < bounds["min"].as_py() <= bounds["max"].as_py() < _INT_KEY_MAX:
-            return None
-        return pc.cast(keys, pa.string())
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        return None
-    keys = pc.cast(keys, pa.string())
-    lengths = pc.min_max(pc.utf8_length(keys))
-    if lengths["min"].as_py() == 0 or lengths["max"].as_py() > MAX_KEY_LENGTH:
-        return None
-    if pc.any(pc.match_substring_regex(keys, "[\\x00%/:]")).as_py():  # a character an id must escape
-        return None
-    return keys
-
-
-# int keys the fast path formats itself: well inside str(int)'s digit limit and MAX_KEY_LENGTH
-_INT_KEY_MIN = -(10**18)
-_INT_KEY_MAX = 10**18
 
 
 def _prepare_one(
