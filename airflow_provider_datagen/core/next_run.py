@@ -14,17 +14,16 @@ Parquet, a streamed scan that stops at the match for JSONL).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_provider_datagen.core import jsonl
 from airflow_provider_datagen.core.chunks import snapshot_items
 from airflow_provider_datagen.core.ids import key_of, root_item_id
 from airflow_provider_datagen.core.planner import (
@@ -48,7 +47,6 @@ from airflow_provider_datagen.core.store.source_ref import (
     lance_rows_by_key,
     open_lance_source,
 )
-from airflow_provider_datagen.core.uri import has_scheme
 from airflow_provider_datagen.exceptions import InvalidItemError
 
 if TYPE_CHECKING:
@@ -235,12 +233,9 @@ def _jsonl_rows(
         if not line.strip():
             continue
         try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            try:  # what orjson refuses and json takes (NaN, wide ints), as the plan's reader does
-                row = json.loads(line.decode("utf-8"))
-            except (ValueError, UnicodeDecodeError):
-                continue  # not this item's line: the plan validated them all, a bad one is not ours
+            row = jsonl.loads(line)  # as the plan's reader parses it
+        except (ValueError, UnicodeDecodeError):
+            continue  # not this item's line: the plan validated them all, a bad one is not ours
         if isinstance(row, dict) and _id_of(row.get(key_field)) == item_id:
             return [row]
     return []
@@ -248,16 +243,7 @@ def _jsonl_rows(
 
 def _lines(uri: str, storage_options: dict[str, str] | None) -> Iterator[bytes]:
     with open_input_file(uri, storage_options) as fh:
-        if not has_scheme(uri):
-            yield from fh
-            return
-        buf = b""
-        while block := fh.read(1 << 20):
-            buf += block
-            *lines, buf = buf.split(b"\n")
-            yield from lines
-        if buf:
-            yield buf
+        yield from jsonl.lines(fh)
 
 
 def source_input(

@@ -8,17 +8,16 @@ names its rows by position (ranges, plus byte offsets for JSONL), and a mapped t
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_provider_datagen.core import jsonl
 from airflow_provider_datagen.core.ids import key_of
 from airflow_provider_datagen.core.sources import SourceItem, fingerprint_batch, fingerprint_rows, prepare_items
 from airflow_provider_datagen.core.store.lance_io import lance_source_batches, lance_source_count, lance_source_rows
@@ -218,25 +217,14 @@ def _parquet_file(path: str, storage_options: dict[str, str] | None) -> pq.Parqu
     return pq.ParquetFile(open_input_file(path, storage_options))
 
 
-def _loads(line: bytes, path: str, n: int) -> Any:
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        pass  # what orjson refuses but json takes (NaN, lone surrogates, wide ints), or the exact error
-    try:
-        return json.loads(line.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidItemError(f"source {path!r} line {n} is not JSON: {exc}") from None
-
-
 def _jsonl_batches(path: str, storage_options: dict[str, str] | None) -> Iterator[tuple[list[Any], np.ndarray]]:
     rows: list[Any] = []
     offs: list[int] = []
     at = 0
     with open_input_file(path, storage_options) as fh:
-        for n, line in enumerate(_lines(fh), 1):
+        for n, line in enumerate(jsonl.lines(fh), 1):
             if line.strip():
-                rows.append(_loads(line, path, n))
+                rows.append(jsonl.source_row(line, path, n))
                 offs.append(at)
                 if len(rows) >= SCAN_BATCH:
                     yield rows, np.array(offs, np.int64)
@@ -244,27 +232,6 @@ def _jsonl_batches(path: str, storage_options: dict[str, str] | None) -> Iterato
             at += len(line)
     if rows:
         yield rows, np.array(offs, np.int64)
-
-
-def _lines(fh: Any) -> Iterator[bytes]:
-    # text mode splits on \r too; a JSON line holds no raw \r or \n, so \n-split lines with a trailing
-    # \r are the same rows (orjson and json both take the \r as whitespace)
-    if not isinstance(fh, pa.NativeFile):
-        # not ``yield from fh``: closing this generator early would close the file too
-        for line in fh:
-            yield line
-        return
-    buf = b""
-    while True:
-        block = fh.read(1 << 20)
-        if not block:
-            break
-        buf += block
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            yield line + b"\n"
-    if buf:
-        yield buf
 
 
 def row_ranges(positions: np.ndarray, offsets: np.ndarray | None) -> list[list[int]]:
@@ -297,9 +264,9 @@ def read_rows(path: str, ranges: list[list[int]], storage_options: dict[str, str
             for start, stop, offset in ranges:
                 fh.seek(offset)
                 want = stop - start
-                for line in _lines(fh):
+                for line in jsonl.lines(fh):
                     if line.strip():
-                        out.append(_loads(line, path, 0))
+                        out.append(jsonl.source_row(line, path, 0))
                         want -= 1
                         if not want:
                             break

@@ -8,8 +8,6 @@ changes nothing, an edited item is pending again and a renamed key is a new item
 from __future__ import annotations
 
 import hashlib
-import io
-import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain
@@ -22,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_provider_datagen.core import jsonl
 from airflow_provider_datagen.core.events import (
     _FAST,
     ORJSON_OPTIONS,
@@ -385,14 +384,11 @@ def read_source(source: Any, *, storage_options: dict[str, str] | None = None) -
     path = source_path(source)
     lower = path.rstrip("/").lower()
     if lower.endswith(".jsonl") or lower.endswith(".ndjson"):
-        # text mode, as open(path, encoding="utf-8") reads it, for a local file and an object alike
-        with io.TextIOWrapper(open_input_file(path, storage_options), encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
+        # the plan's scan reads the same lines the same way (core/jsonl.py)
+        with open_input_file(path, storage_options) as fh:
+            for n, line in enumerate(jsonl.lines(fh), 1):
                 if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise InvalidItemError(f"source {path!r} line {n} is not JSON: {exc}") from None
+                    yield jsonl.source_row(line, path, n)
     elif lower.endswith(".parquet"):
         if not has_scheme(path):
             yield from _table_rows(pq.read_table(path))
