@@ -38,6 +38,7 @@ def test_the_run_fails_when_a_phase_fails_or_nothing_ran(rest: int, e2e: int, na
     assert exit_code({"rest": rest, "e2e": e2e}, narrowed) == expected
 
 
+@pytest.mark.slow  # `make test` runs it; `make unit`, the inner loop, leaves it out
 def test_the_phases_hold_every_collected_test_exactly_once(pytestconfig: pytest.Config, tmp_path: Path) -> None:
     # One collection of the whole suite (each costs ~20 s of imports), every test listed with its markers;
     # each phase's -m expression is then evaluated over them as pytest's -m evaluates it.

@@ -99,6 +99,7 @@ def _answered(server: FakeOpenAI, start: int = 0) -> Counter[str]:
     return Counter(r.text for r in server.requests[start:] if r.status == 200)
 
 
+@pytest.mark.slow  # `make test` runs it; `make unit`, the inner loop, leaves it out
 def test_budget_stop_kill_edit_and_delete_export_what_a_fresh_run_exports(server: FakeOpenAI, tmp_path: Path) -> None:
     root = str(tmp_path / "root")
     source = tmp_path / "prompts.jsonl"

@@ -278,6 +278,7 @@ def _successes(root: str | None, uri: str | None, keys: list[str]) -> int:
     return sum(counts)
 
 
+@pytest.mark.slow  # `make test` runs it; `make unit`, the inner loop, leaves it out
 def test_four_processes_on_one_key_share_one_budget(tmp_path):
     # requests_per_minute=20: 4 x 30 tries on one key start exactly 20 calls in the first window.
     assert _successes(str(tmp_path), None, ["openai"] * 4) == 20

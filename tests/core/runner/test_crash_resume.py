@@ -42,6 +42,9 @@ from tests._support.engine import (
 if TYPE_CHECKING:
     from pathlib import Path
 
+# every schedule's worker is a fresh interpreter: `make test` runs them, `make unit` (the inner loop) leaves them out
+pytestmark = pytest.mark.slow
+
 SEED = 20261130
 N_SCHEDULES = 20
 

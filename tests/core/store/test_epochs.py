@@ -45,6 +45,7 @@ def _seed(root: Path, epoch: int) -> CheckpointLog:
     return lg
 
 
+@pytest.mark.slow  # `make test` runs it; `make unit`, the inner loop, leaves it out
 def test_many_processes_claiming_at_once_get_distinct_epochs_above_the_log(tmp_path: Path) -> None:
     _seed(tmp_path, 7)  # a log written before claims existed: its epoch is the floor
     ctx = mp.get_context("spawn")

@@ -40,6 +40,7 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
         yield server
 
 
+@pytest.mark.slow  # `make test` runs it; `make unit`, the inner loop, leaves it out
 def test_two_processes_racing_never_hold_the_lease_at_once(moto: MotoServer) -> None:
     rounds, hold = 6, 0.6
     first = time.time() + 4.0  # both interpreters are up and waiting before the first round
