@@ -43,16 +43,15 @@ class UnknownModelError(ConfigurationError):
 
 
 def resolve_target(model_name: str | None, base_url: str | None) -> Target:
-    """The :class:`Target` of a pydantic-ai model name (``"openai:gpt-5-mini"``; no prefix: OpenAI's)."""
+    """The :class:`Target` of a pydantic-ai model name (``"openai:gpt-5-mini"``); a name without a prefix
+    (pydantic-ai's ``"test"``, its inference of a bare name) is not one this engine knows."""
     if not model_name:
         raise ConfigurationError(
             f"{_OWNER}: no model: pass model_id='openai:<model>' or set the connection's extra "
             '{"model": "openai:<model>"}'
         )
     prefix, sep, bare = model_name.partition(":")
-    if not sep:
-        prefix, bare = "openai", model_name
-    api = PROVIDERS.get(prefix)
+    api = PROVIDERS.get(prefix) if sep else None
     if api is None:
         raise UnknownModelError(
             f"{_OWNER}: engine='sdk' does not know the model prefix {prefix!r} of {model_name!r} (it knows "
