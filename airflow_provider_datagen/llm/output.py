@@ -12,11 +12,11 @@
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
+import typing_extensions
 from pydantic import BaseModel, TypeAdapter
 
 from airflow_provider_datagen.exceptions import bad_argument
@@ -49,7 +49,8 @@ class OutputSpec:
         elif isinstance(output_type, type) and issubclass(output_type, BaseModel):
             self.kind = "model"
         elif isinstance(output_type, type) and (
-            dataclasses.is_dataclass(output_type) or typing.is_typeddict(output_type)
+            # typing_extensions' check knows both TypedDicts (pydantic takes only its on Python < 3.12)
+            dataclasses.is_dataclass(output_type) or typing_extensions.is_typeddict(output_type)
         ):
             self.kind = "structured"
         elif output_type is str:
