@@ -179,16 +179,16 @@ def _new_client(target: Target, api_key: str | None, timeout: float | None) -> A
         import anthropic
 
         kwargs["api_key"] = api_key
-        aio: Any = anthropic.DefaultAioHttpClient
+        aio: Any = getattr(anthropic, "DefaultAioHttpClient", None)  # an older SDK has none
         make: Any = anthropic.AsyncAnthropic
     else:
         import openai
 
         # a local server needs no key, but the client insists on one
         kwargs["api_key"] = api_key or (None if target.label == "openai" and not target.base_url else _NO_KEY)
-        aio, make = openai.DefaultAioHttpClient, openai.AsyncOpenAI
+        aio, make = getattr(openai, "DefaultAioHttpClient", None), openai.AsyncOpenAI
     try:
-        http_client = aio(timeout=timeout) if timeout is not None else aio()
+        http_client = None if aio is None else aio(timeout=timeout) if timeout is not None else aio()
     except RuntimeError:  # the SDK's aiohttp extra is not installed: its default httpx client
         http_client = None
     if http_client is not None:
