@@ -134,7 +134,7 @@ def llm_process(
         engine=engine,
         output_retries=output_retries,
     )
-    executors = _AgentCache(functools.partial(_build_executor, call, template, output))
+    executors = _ExecutorCache(functools.partial(_build_executor, call, template, output))
 
     async def process(item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         with quiet_http_logs():
@@ -220,7 +220,7 @@ def _engine(owner: str, engine: str | None, model: Any, agent_kwargs: dict[str, 
 
 
 def _build_executor(call: _ModelCall, template: PromptTemplate, output: OutputSpec) -> Any:
-    """The step's executor (run in a worker thread by :class:`_AgentCache`): reads the connection."""
+    """The step's executor (run in a worker thread by :class:`_ExecutorCache`): reads the connection."""
     from airflow_provider_datagen.llm.agent import AgentExecutor, build_agent
 
     if call.engine == "pydantic-ai":
@@ -285,10 +285,10 @@ def llm_step(name: str, prompt: str, **kwargs: Any) -> Step:
     return Step(name, llm_process(prompt, **kwargs))
 
 
-class _AgentCache:
-    """One agent per event loop, built on first use in a worker thread (imports and the connection
-    lookup must not stall the loop); concurrent first calls wait for the same build, a failed build is
-    tried again by the next call."""
+class _ExecutorCache:
+    """One executor (an sdk client, or an agent) per event loop, built on first use in a worker thread
+    (imports and the connection lookup must not stall the loop); concurrent first calls wait for the
+    same build, a failed build is tried again by the next call."""
 
     def __init__(self, build: Callable[[], Any]) -> None:
         self._build = build
@@ -296,7 +296,7 @@ class _AgentCache:
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
     async def get(self) -> Any:
-        """The agent of the running loop."""
+        """The executor of the running loop."""
         loop = asyncio.get_running_loop()
         with self._lock:
             entry = self._by_loop.get(loop)
