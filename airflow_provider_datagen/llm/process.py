@@ -64,6 +64,7 @@ def llm_process(
     model: Any = None,
     engine: str | None = None,
     output_retries: int = 1,
+    structured: str = "json_schema",
 ) -> LLMProcess:
     """An ``async def process(item, ctx)`` that asks a model and returns its answer as the item's fields.
 
@@ -113,6 +114,9 @@ def llm_process(
     :param output_retries: how many times an answer that does not validate is sent back to the model,
         with the errors, within one call (each a request: a slot and its usage); then the item fails
         (``OutputValidationError`` on the sdk engine, pydantic-ai's ``UnexpectedModelBehavior`` on its own).
+    :param structured: how the sdk engine asks an OpenAI-compatible server for a structured answer:
+        ``"json_schema"`` (the response format, the default) or ``"tools"`` (one forced function call,
+        for a server without the response format). Not in ``version``; Anthropic's is always a tool.
     :returns: the process; its ``version`` attribute is a digest of the prompt, instructions, output type,
         connection id, model and settings, to pass as ``processor_version`` so that changing any of them
         reruns the items. What a connection holds is not in it (the DAG file does not read the
@@ -133,6 +137,7 @@ def llm_process(
         model=model,
         engine=engine,
         output_retries=output_retries,
+        structured=structured,
     )
     executors = _ExecutorCache(functools.partial(_build_executor, call, template, output))
 
@@ -159,6 +164,7 @@ class _ModelCall:
     engine: str  # "sdk" or "pydantic-ai"
     explicit: bool  # engine= was given (no fallback to pydantic-ai for a model the sdk engine does not know)
     output_retries: int
+    structured: str  # "json_schema" or "tools"
 
     @classmethod
     def checked(
@@ -174,6 +180,7 @@ class _ModelCall:
         model: Any,
         engine: str | None = None,
         output_retries: int = 1,
+        structured: str = "json_schema",
     ) -> _ModelCall:
         """The call of these arguments; a ``bad_argument`` error names the first that is wrong."""
         for param, value in (("llm_conn_id", llm_conn_id), ("model_id", model_id), ("instructions", instructions)):
@@ -195,9 +202,12 @@ class _ModelCall:
                 )
         if isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
             raise bad_argument(owner, "output_retries", output_retries, "is not an int >= 0", "e.g. 1")
+        if structured not in ("json_schema", "tools"):
+            raise bad_argument(owner, "structured", structured, "is not a mode", "give 'json_schema' or 'tools'")
         chosen = _engine(owner, engine, model, extra)
+        explicit = engine is not None
         return cls(
-            llm_conn_id, model_id, instructions, settings, extra, model, chosen, engine is not None, output_retries
+            llm_conn_id, model_id, instructions, settings, extra, model, chosen, explicit, output_retries, structured
         )
 
 
@@ -240,7 +250,7 @@ def _build_executor(call: _ModelCall, template: PromptTemplate, output: OutputSp
             return AgentExecutor(build_agent(call, output), template, output)
     except ImportError as exc:
         raise ConfigurationError(f"llm_process: engine='sdk' needs the SDKs ({exc}); {_INSTALL}") from exc
-    builder = RequestBuilder(template, output, call.instructions, {})
+    builder = RequestBuilder(template, output, call.instructions, {}, call.structured)
     return SDKExecutor(builder, target, api_key, call.settings, call.output_retries)
 
 

@@ -74,6 +74,9 @@ class LLMRequest:
         after an answer that did not validate, the answer and the errors follow.
     :param schema: the JSON schema of the answer (an object); None: a plain text answer.
     :param settings: more fields of the provider's body (``temperature``, ``max_tokens``, ...).
+    :param structured: how OpenAI's API is asked for a structured answer: ``"json_schema"`` (the response
+        format) or ``"tools"`` (one forced function, ``final_result``, for a server without the response
+        format). Anthropic's is always a forced tool.
     """
 
     provider: str
@@ -82,15 +85,21 @@ class LLMRequest:
     messages: tuple[Mapping[str, Any], ...]
     schema: dict[str, Any] | None
     settings: Mapping[str, Any]
+    structured: str = "json_schema"
 
     def body(self) -> dict[str, Any]:
         """The provider's request body."""
         return self.anthropic_body() if self.provider == "anthropic" else self.openai_body()
 
     def openai_body(self) -> dict[str, Any]:
-        """An OpenAI chat-completions body; a structured answer through the ``json_schema`` response format."""
+        """An OpenAI chat-completions body; a structured answer through the ``json_schema`` response format
+        (or one forced function, ``structured="tools"``)."""
         body: dict[str, Any] = {**self.settings, "model": self.model, "messages": list(self.messages)}
-        if self.schema is not None:
+        if self.schema is not None and self.structured == "tools":
+            function = {"name": OUTPUT_TOOL, "description": "The answer.", "parameters": self.schema}
+            body["tools"] = [{"type": "function", "function": function}]
+            body["tool_choice"] = {"type": "function", "function": {"name": OUTPUT_TOOL}}
+        elif self.schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": OUTPUT_TOOL, "schema": self.schema, "strict": False},
@@ -125,6 +134,7 @@ class LLMRequest:
             "messages": self.messages,
             "schema": self.schema,
             "settings": self.settings,
+            "structured": self.structured,
         }
         return hashlib.sha256(json.dumps(described, sort_keys=True, default=repr).encode()).hexdigest()
 
@@ -146,6 +156,7 @@ class RequestBuilder:
     :param output: the step's output type.
     :param instructions: the system instructions, the same for every item.
     :param settings: fields of the body (the provider's own names), the same for every item.
+    :param structured: ``"json_schema"`` or ``"tools"``: see :class:`LLMRequest`.
     """
 
     def __init__(
@@ -154,8 +165,10 @@ class RequestBuilder:
         output: OutputSpec,
         instructions: str | None,
         settings: Mapping[str, Any],
+        structured: str = "json_schema",
     ) -> None:
         self.template = template
+        self.structured = structured
         self.output = output
         self.instructions = instructions
         self.settings = dict(settings)
@@ -185,6 +198,7 @@ class RequestBuilder:
             messages=(*self._system, {"role": "user", "content": text}),
             schema=self.schema,
             settings=self.settings if settings is None else settings,
+            structured=self.structured,
         )
 
 

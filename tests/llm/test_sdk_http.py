@@ -192,6 +192,27 @@ def test_a_slow_reply_times_out_with_the_sdks_retryable_timeout(
     assert [r.text for r in server.requests] == ["[slow]"]
 
 
+def test_structured_tools_asks_an_openai_compatible_server_through_one_forced_function(
+    server: FakeOpenAI, make_ctx: Callable[..., RecordingContext]
+) -> None:
+    process = llm_process("Say {{ w }}", llm_conn_id="llm_oa", output_type=Translation, structured="tools")
+    ctx = make_ctx()
+    # a server without the JSON-schema response format: the answer comes as the function's arguments
+    assert _call(process, {"w": "hi [invalid once]"}, ctx) == {"french": "bonjour", "words": 1}
+    first, second = server.requests
+    assert "response_format" not in first.body
+    assert [t["function"]["name"] for t in first.body["tools"]] == ["final_result"]
+    assert first.body["tool_choice"] == {"type": "function", "function": {"name": "final_result"}}
+    assert "does not validate" in json.dumps(second.body["messages"][-1])  # the first answer was sent back
+    assert ctx.requests == 2
+    assert (
+        process.version
+        == llm_process(  # type: ignore[attr-defined]
+            "Say {{ w }}", llm_conn_id="llm_oa", output_type=Translation
+        ).version
+    )  # type: ignore[attr-defined]
+
+
 def test_a_retry_after_ms_header_is_the_errors_retry_after() -> None:
     import httpx2
 
@@ -263,6 +284,7 @@ def test_a_model_only_pydantic_ai_knows_runs_on_the_agent_unless_sdk_is_asked_fo
         ({"engine": "sdk", "agent_kwargs": {"retries": 2}}, r"engine='sdk' .*cannot take agent_kwargs="),
         ({"engine": "raw"}, r"engine='raw' is not an engine"),
         ({"output_retries": -1}, r"output_retries=-1 is not an int >= 0"),
+        ({"structured": "xml"}, r"structured='xml' is not a mode"),
     ],
 )
 def test_bad_engine_arguments_are_refused_when_built(kwargs: dict[str, Any], message: str) -> None:
