@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from airflow_provider_datagen.exceptions import ConfigurationError
 from airflow_provider_datagen.llm.connection import missing_connection
+from airflow_provider_datagen.llm.quiet import quiet_http_logs
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import AsyncIterator, Mapping
 
     from airflow_provider_datagen.llm.output import OutputSpec
     from airflow_provider_datagen.llm.prompt import PromptTemplate
@@ -35,10 +36,15 @@ class AgentExecutor:
         self.agent = agent
         self.template = template
         self.output = output
+        self._lease: Any = None  # held until the loop shuts down: see _quiet_until_shutdown
 
     async def run(self, item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         """The item's fields of the agent's answer."""
         from airflow_provider_datagen.llm.slots import item_context  # loaded with the agent already
+
+        if self._lease is None:
+            self._lease = _quiet_until_shutdown()
+            await self._lease.__anext__()  # registered with the loop: shutdown_asyncgens() ends it
 
         text = self.template.render(item, ctx.fields, ctx.item_id)
         # the agent's model takes a slot per request and records each reply's tokens (llm/slots.py)
@@ -99,3 +105,9 @@ def _hook_agent(
         return hook.create_agent(agent_output, instructions=instructions or "", model_settings=settings, **extra)
     except AirflowNotFoundException as exc:
         raise missing_connection(conn_id, model_id, exc) from exc
+
+
+async def _quiet_until_shutdown() -> AsyncIterator[None]:
+    """The HTTP loggers quiet from the first call until the loop shuts down (the run), not per call."""
+    with quiet_http_logs():
+        yield

@@ -1,11 +1,12 @@
 """The HTTP clients' loggers at WARNING while a model step runs: no task-log line per request.
 
 httpx logs every request at INFO (``HTTP Request: POST .../chat/completions "HTTP/1.1 200 OK"``): a
-1M-item chunk would write 1M lines. While at least one call of a model step is in flight in the
-process, :func:`quiet_http_logs` holds the loggers below at WARNING (at their own level if that is
-higher already); when the last call ends, each gets back the level it had. Counted, not nested per
-call: concurrent calls of many items set the levels once, and a logger a user configured meanwhile
-keeps what they set only after the run (a run owns the levels while it is running).
+1M-item chunk would write 1M lines. While at least one :func:`quiet_http_logs` block is open in the
+process, the loggers below are at WARNING (at their own level if that is higher already); when the
+last closes, each gets back the level it had. Counted, not nested: a model step opens one per call
+and one from its first call on an event loop until that loop shuts down (the run: ``run_items``'s
+loops and ``asyncio.run`` shut their async generators down), so the levels change twice per run, not
+per call, and a logger a user configures meanwhile keeps what they set only after the run.
 """
 
 from __future__ import annotations

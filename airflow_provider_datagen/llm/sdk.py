@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.exceptions import ConfigurationError, OutputValidationError
 from airflow_provider_datagen.llm.output import validated_fields
+from airflow_provider_datagen.llm.quiet import quiet_http_logs
 from airflow_provider_datagen.llm.request import PROVIDERS, Target, usage_provider, wire_settings
 
 if TYPE_CHECKING:
@@ -197,10 +198,13 @@ def _new_client(target: Target, api_key: str | None, timeout: float | None) -> A
 
 
 async def _close_at_shutdown(client: Any) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        await client.close()
+    """Held from the client's first request until its loop shuts down: the HTTP loggers stay quiet for
+    the whole run (not switched per call when calls do not overlap), then the client is closed."""
+    with quiet_http_logs():
+        try:
+            yield
+        finally:
+            await client.close()
 
 
 def _openai_answer(reply: Any) -> tuple[Any, Any]:

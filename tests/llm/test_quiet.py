@@ -3,10 +3,11 @@ no task-log line per request (httpx's ``HTTP Request: POST ...`` at INFO), on bo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -72,3 +73,30 @@ def test_a_run_writes_no_log_line_per_request(
     assert len(levels) == 6 and all(level >= logging.WARNING for seen in levels for level in seen.values())
     assert [r.getMessage() for r in caplog.records if "HTTP Request" in r.getMessage()] == []
     assert {name: logging.getLogger(name).level for name in HTTP_LOGGERS} == before
+
+
+@pytest.mark.parametrize("engine", ["sdk", "pydantic-ai"])
+def test_the_levels_stay_quiet_between_calls_until_the_loop_shuts_down(
+    engine: str, monkeypatch: pytest.MonkeyPatch, make_ctx: Any
+) -> None:
+    fake = openai_server.start()
+    conn = {"conn_type": "pydanticai", "host": fake.base_url, "password": "sk-fake"}
+    conn["extra"] = {"model": "openai-chat:gpt-4o-mini"}  # type: ignore[assignment]
+    monkeypatch.setenv("AIRFLOW_CONN_LLM_QUIET", json.dumps(conn))
+    process = llm_process("Repeat {{ text }}", llm_conn_id="llm_quiet", engine=engine)
+    httpx2 = logging.getLogger("httpx2")
+    before = httpx2.level
+    httpx2.setLevel(logging.INFO)  # what a request would log at
+
+    async def one_after_another() -> int:
+        await process({"text": "a"}, make_ctx("k1"))
+        between = httpx2.getEffectiveLevel()  # no call in flight, the run still going: not switched back
+        await process({"text": "b"}, make_ctx("k2"))
+        return between
+
+    try:
+        assert asyncio.run(one_after_another()) == logging.WARNING
+        assert httpx2.level == logging.INFO  # the loop shut down: restored
+    finally:
+        fake.stop()
+        httpx2.setLevel(before)
