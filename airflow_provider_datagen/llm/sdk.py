@@ -103,7 +103,9 @@ class SDKExecutor:
             await ctx.take_request_slot_async()
             reply = await self._send(client, request)
             answer, feedback = (
-                _anthropic_answer(reply, request) if self.target.provider == "anthropic" else _openai_answer(reply)
+                _anthropic_answer(reply, request)
+                if self.target.provider == "anthropic"
+                else _openai_answer(reply, request)
             )
             self._record(ctx, reply)
             try:
@@ -207,14 +209,15 @@ async def _close_at_shutdown(client: Any) -> AsyncIterator[None]:
             await client.close()
 
 
-def _openai_answer(reply: Any) -> tuple[Any, Any]:
-    """(the raw answer, a function of the errors giving the messages that send it back) of a completion."""
+def _openai_answer(reply: Any, request: LLMRequest) -> tuple[Any, Any]:
+    """(the raw answer, a function of the errors giving the messages that send it back) of a completion:
+    a structured answer's JSON decoded, a text answer as it is (even when it looks like JSON)."""
     message = reply.choices[0].message if reply.choices else None
     content = None if message is None else message.content
     if content is None and message is not None and message.tool_calls:
         content = message.tool_calls[0].function.arguments  # a server that answered through a tool
     answer: Any = content
-    if content is not None:
+    if content is not None and request.schema is not None:
         try:
             decoded = json.loads(content)
         except ValueError:
