@@ -15,6 +15,15 @@ PACKAGE = REPO / "airflow_provider_datagen"
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 100
 MAX_FOREIGN_UNDERSCORE_READS = 15
+MAX_PARAMETERS = 10
+#: The public entry points whose keyword arguments are the user's contract, as an operator's are: each
+#: bundles them into one checked value in its first statement (RunConfig, BatchConfig, the model call).
+KEYWORD_CONTRACTS = {
+    "airflow_provider_datagen.core.runner.run:run_items",
+    "airflow_provider_datagen.core.batch.run:run_batch",
+    "airflow_provider_datagen.llm.batch.step:llm_batch",
+    "airflow_provider_datagen.llm.process:llm_process",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -114,6 +123,32 @@ def test_no_module_over_600_lines_and_no_function_over_100() -> None:
                 if length > MAX_FUNCTION_LINES:
                     long_functions.append((name, node.name, length))
     assert long_modules == [] and long_functions == []
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    args = node.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    return len([n for n in names if n not in ("self", "cls")])
+
+
+def test_no_function_over_10_parameters_but_operators_and_the_public_entry_points() -> None:
+    wide = []
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text())
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            for node in cls.body:
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                # an Airflow operator's (or sensor's) __init__ takes its keyword arguments
+                operator_init = node.name == "__init__" and name.rsplit(".", 2)[-2] in ("operators", "sensors")
+                if _parameters(node) > MAX_PARAMETERS and not operator_init:
+                    wide.append(f"{name}:{cls.name}.{node.name}")
+        for node in tree.body:
+            is_function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if is_function and _parameters(node) > MAX_PARAMETERS and f"{name}:{node.name}" not in KEYWORD_CONTRACTS:
+                wide.append(f"{name}:{node.name}")
+    assert wide == []
 
 
 def test_few_reads_of_another_objects_underscore_attributes() -> None:

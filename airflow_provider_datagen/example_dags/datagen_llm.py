@@ -1,7 +1,8 @@
 """A model step: plan -> translate each sentence with a model (retries, a shared rate limit, calls in flight) -> export.
 
-Works with any pydantic-ai connection of Airflow's common.ai provider (install the ``[llm]`` extra on the
-workers). For example, a local Ollama or vLLM server, or OpenAI::
+Works with any ``pydanticai`` connection of Airflow's common.ai provider (install the ``[llm]`` extra on
+the workers); the step runs on the default engine, the provider's own async SDK client (OpenAI's for
+every OpenAI-compatible server, Anthropic's). For example, a local Ollama or vLLM server, or OpenAI::
 
     airflow connections add datagen_llm --conn-type pydanticai \\
         --conn-host http://127.0.0.1:11434/v1 --conn-extra '{"model": "ollama:llama3.2"}'
@@ -16,7 +17,7 @@ retries are off and ``retry=`` retries the transient errors (429s after their Re
 are in flight per task. ``processor_version`` is the step's digest, so editing the prompt, the
 instructions or the output type reruns every item; the plan of a later run finds nothing else to do.
 
-The file parses without the ``[llm]`` extra: pydantic-ai is imported when the step first runs.
+The file parses without the ``[llm]`` extra: the SDKs are imported when the step first runs.
 
 Environment knobs: ``DATAGEN_LLM_CONN_ID`` (default ``datagen_llm``), ``DATAGEN_LLM_MODEL`` (default:
 the connection's model), ``DATAGEN_LLM_EXPERIMENT`` (default ``demo``), ``DATAGEN_LLM_ITEMS`` (default

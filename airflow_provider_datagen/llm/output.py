@@ -12,11 +12,11 @@
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
+import typing_extensions
 from pydantic import BaseModel, TypeAdapter
 
 from airflow_provider_datagen.exceptions import bad_argument
@@ -49,7 +49,8 @@ class OutputSpec:
         elif isinstance(output_type, type) and issubclass(output_type, BaseModel):
             self.kind = "model"
         elif isinstance(output_type, type) and (
-            dataclasses.is_dataclass(output_type) or typing.is_typeddict(output_type)
+            # typing_extensions' check knows both TypedDicts (pydantic takes only its on Python < 3.12)
+            dataclasses.is_dataclass(output_type) or typing_extensions.is_typeddict(output_type)
         ):
             self.kind = "structured"
         elif output_type is str:
@@ -70,6 +71,13 @@ class OutputSpec:
         self._adapter: TypeAdapter[Any] | None = (
             TypeAdapter(output_type) if self.kind in ("structured", "value") else None
         )
+
+    @property
+    def adapter(self) -> TypeAdapter[Any]:
+        """The pydantic ``TypeAdapter`` of a non-schema output type (built once)."""
+        if self._adapter is None:
+            self._adapter = TypeAdapter(self.output_type)
+        return self._adapter
 
     @property
     def validator(self) -> Any:
@@ -106,8 +114,7 @@ class OutputSpec:
             return dict(output)
         if self.kind == "text":
             return {self.output_field: output}
-        assert self._adapter is not None
-        value = self._adapter.dump_python(output, mode="json")
+        value = self.adapter.dump_python(output, mode="json")
         if self.kind == "structured":
             return dict(value)
         return {self.output_field: value}
@@ -146,3 +153,42 @@ def _checked_schema(owner: object, schema: Mapping[str, Any]) -> dict[str, Any]:
             owner, "output_type", dict(schema), f"is not a valid JSON schema ({exc.message})", "fix the schema"
         ) from None
     return dict(schema)
+
+
+def validated_fields(output: OutputSpec, answer: Any, where: str) -> dict[str, Any]:
+    """The item fields of a model's raw answer (text, or the decoded JSON object of a structured one),
+    validated against the output type; :class:`OutputValidationError` starts with ``where`` and names
+    what is wrong (the message an online step sends back to the model)."""
+    from airflow_provider_datagen.exceptions import OutputValidationError
+
+    if output.kind == "text":
+        if not isinstance(answer, str):
+            raise OutputValidationError(f"{where}: the answer is not text: {str(answer)[:200]}")
+        return output.fields_of(answer)
+    from pydantic import ValidationError
+
+    if not isinstance(answer, Mapping):
+        raise OutputValidationError(
+            f"{where}: the answer is not a JSON object: {str(answer)[:200]}; the model did not follow the output schema"
+        )
+    try:
+        if output.kind == "schema":
+            errors = sorted(output.validator.iter_errors(answer), key=lambda e: list(e.absolute_path))
+            if errors:
+                raise OutputValidationError(
+                    f"{where}: the answer does not match the JSON schema: "
+                    + "; ".join(f"{'/'.join(map(str, e.absolute_path)) or 'answer'}: {e.message}" for e in errors[:10])
+                )
+            return output.fields_of(answer)
+        adapter = output.adapter
+        if output.kind == "value":
+            if output.output_field not in answer:
+                raise OutputValidationError(f"{where}: the answer has no {output.output_field!r}")
+            value = adapter.validate_python(answer[output.output_field])
+        else:
+            value = adapter.validate_python(dict(answer))
+    except ValidationError as exc:
+        raise OutputValidationError(
+            f"{where}: the answer does not validate against the output type: {exc.errors()[:5]}"
+        ) from None
+    return output.fields_of(value)

@@ -1,17 +1,23 @@
-"""A ready model step: :func:`llm_process` builds an ``async def (item, ctx)`` process around a pydantic-ai agent.
+"""A ready model step: :func:`llm_process` builds an ``async def (item, ctx)`` process that asks a model.
 
-The agent comes from the common.ai provider's ``PydanticAIHook`` (its connection gives the provider,
-base URL, API key and default model), so the same step talks to OpenAI, Anthropic, a vLLM or an
-Ollama server. Building it is deferred to the first call, on the worker: a DAG file that builds a step
-parses without pydantic-ai installed and without looking the connection up. It is built once per event
+Two engines send the same request (:mod:`~airflow_provider_datagen.llm.request`): ``"sdk"`` (the
+default) with the provider's official async client (:mod:`~airflow_provider_datagen.llm.sdk`),
+``"pydantic-ai"`` through a pydantic-ai agent (:mod:`~airflow_provider_datagen.llm.agent`: tools,
+``agent_kwargs``, ``model=`` and the models only pydantic-ai knows). Both read the same ``pydanticai``
+connection (the provider, base URL, API key and default model), store the same fields for the same
+answer, and give the process the same ``version``.
+
+Building the executor is deferred to the first call, on the worker: a DAG file that builds a step
+parses without the SDKs installed and without looking the connection up. It is built once per event
 loop (the HTTP client's connections belong to the loop that opened them) and shared by every item.
 
-The client's own retries are off (``max_retries=0``), so the run's ``retry=`` policy owns retries
+The clients' own retries are off (``max_retries=0``), so the run's ``retry=`` policy owns retries
 (attempts, waits, Retry-After, the failure lens). One call may still send several requests (an answer
 that fails validation goes back to the model; tool calls): the process takes a slot of the run's
-``rate_limit=`` for each request as it sends it (``takes_request_slots``; see
-:mod:`~airflow_provider_datagen.llm.slots`). pydantic-ai raises typed errors that carry the provider's
-Retry-After (:data:`~airflow_provider_datagen.llm.errors.RETRYABLE_ERRORS`).
+``rate_limit=`` for each request as it sends it (``takes_request_slots``). The errors of both engines
+carry the provider's Retry-After (:data:`~airflow_provider_datagen.llm.errors.RETRYABLE_ERRORS`). While
+calls are in flight the HTTP clients' loggers are at WARNING (:mod:`~airflow_provider_datagen.llm.quiet`):
+no task-log line per request.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 from airflow_provider_datagen.exceptions import ConfigurationError, bad_argument
 from airflow_provider_datagen.llm.output import OutputSpec
 from airflow_provider_datagen.llm.prompt import PromptTemplate
+from airflow_provider_datagen.llm.quiet import quiet_http_logs
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core.steps import Step
@@ -39,6 +46,10 @@ LLMProcess = Callable[[Mapping[str, Any], Any], Awaitable[dict[str, Any]]]
 #: PydanticAIHook.default_conn_name, without importing the provider at parse time
 _DEFAULT_CONN_ID = "pydanticai_default"
 _INSTALL = "install the model-step extra: pip install 'airflow-provider-datagen[llm]'"
+#: who the errors of llm_process (and llm_step, built on it) name
+_OWNER = "llm_process"
+#: the engines of llm_process(engine=...)
+ENGINES = ("sdk", "pydantic-ai")
 
 
 def llm_process(
@@ -53,6 +64,9 @@ def llm_process(
     model_settings: Mapping[str, Any] | None = None,
     agent_kwargs: Mapping[str, Any] | None = None,
     model: Any = None,
+    engine: str | None = None,
+    output_retries: int = 1,
+    structured: str = "json_schema",
 ) -> LLMProcess:
     """An ``async def process(item, ctx)`` that asks a model and returns its answer as the item's fields.
 
@@ -80,26 +94,41 @@ def llm_process(
         model class or a JSON schema dict of an object (its properties become the fields), a dataclass
         or TypedDict (its fields), or another type such as ``list[str]`` (one field).
     :param output_field: the field of a ``str`` (or other non-structured) answer.
-    :param timeout: seconds one model request may take (pydantic-ai's ``request_timeout``); past it the
-        request is cancelled and ``ModelRequestTimeout`` raised (a retryable error). ``None``: the
-        client's default.
-    :param model_settings: more pydantic-ai ``ModelSettings`` (``temperature``, ``max_tokens``, ...).
-        ``max_retries`` is 0 unless given here.
-    :param agent_kwargs: more keyword arguments of the pydantic-ai ``Agent``: ``retries={"output": 2}``
-        (more tries at an answer that does not validate, within one call), ``tools``, ...
+    :param timeout: seconds one model request may take; past it the request is cancelled and a
+        retryable error raised (``openai.APITimeoutError``/``anthropic.APITimeoutError`` on the sdk
+        engine, ``ModelRequestTimeout`` on pydantic-ai's). ``None``: the client's default.
+    :param model_settings: more pydantic-ai ``ModelSettings`` (``temperature``, ``max_tokens``,
+        ``seed``, ``stop_sequences``, ``extra_body``, ``extra_headers``, ``timeout``, ``openai_<name>``
+        / ``anthropic_<name>`` for a provider's own fields); the sdk engine sends them as the
+        provider's body fields. ``max_retries`` is 0 unless given here.
+    :param agent_kwargs: more keyword arguments of the pydantic-ai ``Agent`` (``tools``,
+        ``retries={"output": 2}``, ...); implies ``engine="pydantic-ai"``.
     :param model: a pydantic-ai ``Model`` or model name used instead of the connection (tests with
         ``TestModel``/``FunctionModel``, or code outside Airflow); ``llm_conn_id`` is then not read.
+        Implies ``engine="pydantic-ai"``.
+    :param engine: ``"sdk"`` (the default): the request is sent with the provider's own async client
+        (``openai.AsyncOpenAI`` for OpenAI and every OpenAI-compatible server, ``anthropic.AsyncAnthropic``),
+        its answer validated with pydantic; a model prefix it does not know (``google-gla:``, ``bedrock:``,
+        ...) falls back to pydantic-ai unless ``engine="sdk"`` is given. ``"pydantic-ai"``: a pydantic-ai
+        agent (tools, ``agent_kwargs``, ``model=``, every model pydantic-ai knows); it costs more CPU per
+        request. ``None``: ``"sdk"``, or ``"pydantic-ai"`` when ``model=`` or ``agent_kwargs=`` is given.
+        The engine is not in ``version``: switching it reruns nothing.
+    :param output_retries: how many times an answer that does not validate is sent back to the model,
+        with the errors, within one call (each a request: a slot and its usage); then the item fails
+        (``OutputValidationError`` on the sdk engine, pydantic-ai's ``UnexpectedModelBehavior`` on its own).
+    :param structured: how the sdk engine asks an OpenAI-compatible server for a structured answer:
+        ``"json_schema"`` (the response format, the default) or ``"tools"`` (one forced function call,
+        for a server without the response format). Not in ``version``; Anthropic's is always a tool.
     :returns: the process; its ``version`` attribute is a digest of the prompt, instructions, output type,
         connection id, model and settings, to pass as ``processor_version`` so that changing any of them
         reruns the items. What a connection holds is not in it (the DAG file does not read the
         connection): editing the model inside a connection keeps the version, so name the model with
         ``model_id=`` or bump ``processor_version`` when you change it.
     """
-    owner = "llm_process"
+    owner = _OWNER
     template = PromptTemplate(prompt, owner)
     output = OutputSpec(output_type, output_field, owner)
     call = _ModelCall.checked(
-        owner,
         llm_conn_id=llm_conn_id,
         model_id=model_id,
         instructions=instructions,
@@ -107,18 +136,16 @@ def llm_process(
         model_settings=model_settings,
         agent_kwargs=agent_kwargs,
         model=model,
+        engine=engine,
+        output_retries=output_retries,
+        structured=structured,
     )
-    agents = _AgentCache(functools.partial(_build_agent, call, output))
+    executors = _ExecutorCache(functools.partial(_build_executor, call, template, output))
 
     async def process(item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
-        text = template.render(item, ctx.fields, ctx.item_id)
-        agent = await agents.get()
-        from airflow_provider_datagen.llm.slots import item_context  # loaded by agents.get() already
-
-        # the agent's model takes a slot per request and records each reply's tokens (llm/slots.py)
-        with item_context(ctx):
-            result = await agent.run(text)
-        return output.fields_of(result.output)
+        with quiet_http_logs():
+            executor = await executors.get()
+            return cast("dict[str, Any]", await executor.run(item, ctx))
 
     process.version = _version(template, output, call)  # type: ignore[attr-defined]
     process.takes_request_slots = True  # type: ignore[attr-defined]  # a slot per request, not per call
@@ -135,11 +162,14 @@ class _ModelCall:
     settings: dict[str, Any]  # the pydantic-ai ModelSettings, max_retries and request_timeout included
     extra: dict[str, Any]  # the Agent's other keyword arguments
     model: Any
+    engine: str  # "sdk" or "pydantic-ai"
+    explicit: bool  # engine= was given (no fallback to pydantic-ai for a model the sdk engine does not know)
+    output_retries: int
+    structured: str  # "json_schema" or "tools"
 
     @classmethod
     def checked(
         cls,
-        owner: str,
         *,
         llm_conn_id: str | None,
         model_id: str | None,
@@ -148,8 +178,12 @@ class _ModelCall:
         model_settings: Mapping[str, Any] | None,
         agent_kwargs: Mapping[str, Any] | None,
         model: Any,
+        engine: str | None = None,
+        output_retries: int = 1,
+        structured: str = "json_schema",
     ) -> _ModelCall:
         """The call of these arguments; a ``bad_argument`` error names the first that is wrong."""
+        owner = _OWNER
         for param, value in (("llm_conn_id", llm_conn_id), ("model_id", model_id), ("instructions", instructions)):
             if value is not None and not isinstance(value, str):
                 raise bad_argument(owner, param, value, "is not a string", "give a string, or None")
@@ -167,35 +201,58 @@ class _ModelCall:
                 raise bad_argument(
                     owner, "agent_kwargs", extra, f"sets {reserved!r}", f"pass {reserved}= to llm_process itself"
                 )
-        return cls(llm_conn_id, model_id, instructions, settings, extra, model)
+        if isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
+            raise bad_argument(owner, "output_retries", output_retries, "is not an int >= 0", "e.g. 1")
+        if structured not in ("json_schema", "tools"):
+            raise bad_argument(owner, "structured", structured, "is not a mode", "give 'json_schema' or 'tools'")
+        chosen = _engine(owner, engine, model, extra)
+        explicit = engine is not None
+        return cls(
+            llm_conn_id, model_id, instructions, settings, extra, model, chosen, explicit, output_retries, structured
+        )
 
 
-def _build_agent(call: _ModelCall, output: OutputSpec) -> Any:
-    """The step's agent (run in a worker thread by :class:`_AgentCache`): its model takes the run's slots."""
+def _engine(owner: str, engine: str | None, model: Any, agent_kwargs: dict[str, Any]) -> str:
+    """The engine of ``engine=``: ``model=`` and ``agent_kwargs=`` are pydantic-ai's alone."""
+    if engine is not None and engine not in ENGINES:
+        raise bad_argument(owner, "engine", engine, "is not an engine", "give 'sdk' or 'pydantic-ai'")
+    agent_only = "model" if model is not None else "agent_kwargs" if agent_kwargs else None
+    if agent_only is None:
+        return engine or "sdk"
+    if engine == "sdk":
+        raise bad_argument(
+            owner,
+            "engine",
+            engine,
+            f"cannot take {agent_only}= (a pydantic-ai {'Model' if model is not None else 'Agent argument'})",
+            "pass engine='pydantic-ai' (or leave engine unset), or drop " + agent_only,
+        )
+    return "pydantic-ai"
+
+
+def _build_executor(call: _ModelCall, template: PromptTemplate, output: OutputSpec) -> Any:
+    """The step's executor (run in a worker thread by :class:`_ExecutorCache`): reads the connection."""
+    from airflow_provider_datagen.llm.agent import AgentExecutor, build_agent
+
+    if call.engine == "pydantic-ai":
+        return AgentExecutor(build_agent(call, output), template, output)
     try:
-        from airflow_provider_datagen.llm.slots import with_slots
+        from airflow_provider_datagen.llm.connection import read_connection
+        from airflow_provider_datagen.llm.request import RequestBuilder
+        from airflow_provider_datagen.llm.sdk import SDKExecutor, UnknownModelError, resolve_target
 
-        agent_output = output.agent_output_type()
-        if call.model is not None:
-            from pydantic_ai import Agent
-
-            agent: Any = Agent(
-                call.model,
-                output_type=agent_output,
-                instructions=call.instructions,
-                model_settings=cast("Any", call.settings),  # a ModelSettings TypedDict, built as a dict
-                **call.extra,
-            )
-        else:
-            agent = _hook_agent(
-                call.llm_conn_id, call.model_id, agent_output, call.instructions, call.settings, call.extra
-            )
+        conn_id = call.llm_conn_id if call.llm_conn_id is not None else _DEFAULT_CONN_ID
+        base_url, api_key, conn_model = read_connection(conn_id, call.model_id)
+        try:
+            target = resolve_target(call.model_id or conn_model, base_url)
+        except UnknownModelError:
+            if call.explicit:
+                raise
+            return AgentExecutor(build_agent(call, output), template, output)
     except ImportError as exc:
-        raise ConfigurationError(f"llm_process: a model step needs pydantic-ai ({exc}); {_INSTALL}") from exc
-    agent.model = with_slots(agent.model)
-    if output.schema is not None:
-        agent.output_validator(output.check_answer)
-    return agent
+        raise ConfigurationError(f"llm_process: engine='sdk' needs the SDKs ({exc}); {_INSTALL}") from exc
+    builder = RequestBuilder(template, output, call.instructions, {}, call.structured)
+    return SDKExecutor(builder, target, api_key, call.settings, call.output_retries)
 
 
 def _version(template: PromptTemplate, output: OutputSpec, call: _ModelCall) -> str:
@@ -210,38 +267,14 @@ def _version(template: PromptTemplate, output: OutputSpec, call: _ModelCall) -> 
         "model_settings": call.settings,
         "agent_kwargs": call.extra,
     }
+    if call.output_retries != 1:
+        # only when not the default: the versions of steps from before output_retries= stay as they were
+        description["output_retries"] = call.output_retries
     if model is None and call.llm_conn_id not in (None, _DEFAULT_CONN_ID):
         # only when named: the versions of steps on the default connection (or on model=) stay as they were
         description["llm_conn_id"] = call.llm_conn_id
     digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=_stable_name).encode()).hexdigest()
     return f"llm-{digest[:12]}"
-
-
-def _hook_agent(
-    llm_conn_id: str | None,
-    model_id: str | None,
-    agent_output: Any,
-    instructions: str | None,
-    settings: dict[str, Any],
-    extra: dict[str, Any],
-) -> Any:
-    """The agent of the common.ai provider's hook on ``llm_conn_id``; a missing connection is a
-    ``ConfigurationError`` saying how to add it (every item would fail the same way: not retryable)."""
-    from airflow.exceptions import AirflowNotFoundException
-    from airflow.providers.common.ai.hooks.pydantic_ai import PydanticAIHook
-
-    conn_id = llm_conn_id if llm_conn_id is not None else PydanticAIHook.default_conn_name
-    try:
-        hook = PydanticAIHook.get_hook(conn_id, hook_params={"model_id": model_id} if model_id else None)
-        return hook.create_agent(agent_output, instructions=instructions or "", model_settings=settings, **extra)
-    except AirflowNotFoundException as exc:
-        model = model_id or "openai:gpt-5-mini"
-        raise ConfigurationError(
-            f"llm_process: the connection {conn_id!r} (llm_conn_id) does not exist; add it, e.g. "
-            f"`airflow connections add {conn_id} --conn-type pydanticai --conn-host <base url> "
-            f'--conn-password <api key> --conn-extra \'{{"model": "{model}"}}\'`, '
-            "or pass the llm_conn_id of an existing one"
-        ) from exc
 
 
 def _stable_name(obj: Any) -> str:
@@ -263,10 +296,10 @@ def llm_step(name: str, prompt: str, **kwargs: Any) -> Step:
     return Step(name, llm_process(prompt, **kwargs))
 
 
-class _AgentCache:
-    """One agent per event loop, built on first use in a worker thread (imports and the connection
-    lookup must not stall the loop); concurrent first calls wait for the same build, a failed build is
-    tried again by the next call."""
+class _ExecutorCache:
+    """One executor (an sdk client, or an agent) per event loop, built on first use in a worker thread
+    (imports and the connection lookup must not stall the loop); concurrent first calls wait for the
+    same build, a failed build is tried again by the next call."""
 
     def __init__(self, build: Callable[[], Any]) -> None:
         self._build = build
@@ -274,7 +307,7 @@ class _AgentCache:
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
     async def get(self) -> Any:
-        """The agent of the running loop."""
+        """The executor of the running loop."""
         loop = asyncio.get_running_loop()
         with self._lock:
             entry = self._by_loop.get(loop)

@@ -11,7 +11,13 @@
 - containing ``[slow]``: the normal answer after ``slow_seconds`` (ended early by :meth:`stop`);
 - otherwise a completion with ``usage``. Its content is ``"echo: <message>"``, or, when the request
   offers the ``final_result`` output tool (pydantic-ai's structured output), a call of that tool
-  with ``tool_args`` (JSON).
+  with ``tool_args`` (JSON), or, when it asks for a ``json_schema`` response format (the sdk
+  engine's structured output), ``tool_args`` as the content's JSON (``{}`` for ``[invalid once]``).
+
+``POST /v1/messages`` (base URL :attr:`FakeOpenAI.anthropic_url`) answers Anthropic's Messages API the
+same way: the markers above, Anthropic's error bodies, a ``text`` block ``"echo: <message>"`` or a
+``tool_use`` block of the forced ``final_result`` tool with ``tool_args``. Its :attr:`Request.usage`
+is recorded in OpenAI's names (``prompt_tokens``, ...), so tests compare either API the same way.
 
 Usage is deterministic and recorded per request in :attr:`FakeOpenAI.requests` (with what was sent and
 its arrival time), so a test compares what the client recorded with what the server said;
@@ -66,9 +72,44 @@ class FakeOpenAI:
 
     @property
     def base_url(self) -> str:
+        return f"{self.anthropic_url}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        """The base URL of the Anthropic API (the SDK adds ``/v1/messages``)."""
         assert self._server is not None
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://{host}:{port}"
+
+    def answer_anthropic(self, body: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:
+        """(status, headers, JSON body) for an Anthropic messages request: the same answers in its shapes."""
+        status, headers, payload = self.answer(body)
+        if status != 200:
+            kind = "rate_limit_error" if status == 429 else "api_error"
+            return status, headers, {"type": "error", "error": {"type": kind, "message": payload["error"]["message"]}}
+        message = payload["choices"][0]["message"]
+        if message.get("tool_calls"):
+            call = message["tool_calls"][0]
+            block = {"type": "tool_use", "id": "toolu_1", "name": "final_result"}
+            block["input"] = json.loads(call["function"]["arguments"])
+            content, stop = [block], "tool_use"
+        else:
+            content, stop = [{"type": "text", "text": message["content"]}], "end_turn"
+        usage = payload["usage"]
+        return (
+            200,
+            {},
+            {
+                "id": f"msg_{len(self.requests)}",
+                "type": "message",
+                "role": "assistant",
+                "model": payload["model"],
+                "content": content,
+                "stop_reason": stop,
+                "stop_sequence": None,
+                "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
+            },
+        )
 
     def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:
         """(status, headers, JSON body) for a chat-completions request."""
@@ -95,7 +136,8 @@ class FakeOpenAI:
             return int(status.group(1)), {}, {"error": {"message": f"fake error {status.group(1)}", "type": "fake"}}
         if "[slow]" in text:
             self._stopping.wait(self.slow_seconds)
-        tools = [t.get("function", {}).get("name") for t in body.get("tools") or []]
+        # OpenAI's tools carry a "function"; Anthropic's their "name"
+        tools = [t.get("function", {}).get("name") or t.get("name") for t in body.get("tools") or []]
         usage = {"prompt_tokens": 10 + len(text), "completion_tokens": 3 + len(text) // 2}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         if "final_result" in tools:
@@ -104,6 +146,9 @@ class FakeOpenAI:
             call["function"] = {"name": "final_result", "arguments": json.dumps(args)}
             message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
             finish = "tool_calls"
+        elif (body.get("response_format") or {}).get("type") == "json_schema":
+            args = {} if once == "invalid" else self.tool_args
+            message, finish = {"role": "assistant", "content": json.dumps(args)}, "stop"
         else:
             message = {"role": "assistant", "content": f"echo: {text}"}
             finish = "stop"
@@ -157,10 +202,13 @@ def start(**behaviour: Any) -> FakeOpenAI:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
-            if self.path.rstrip("/") != "/v1/chat/completions":
-                status, headers, payload = 404, {}, {"error": {"message": f"no route {self.path}"}}
-            else:
+            route = self.path.rstrip("/")
+            if route == "/v1/chat/completions":
                 status, headers, payload = fake.answer(body)
+            elif route == "/v1/messages":
+                status, headers, payload = fake.answer_anthropic(body)
+            else:
+                status, headers, payload = 404, {}, {"error": {"message": f"no route {self.path}"}}
             data = json.dumps(payload).encode()
             try:
                 self.send_response(status)

@@ -97,6 +97,8 @@ def test_the_examples_step_translates_through_any_openai_compatible_connection(m
     assert fields == {"french": "Le train part à l'aube (0).", "formality": "formal"}
     [request] = fake.requests
     assert request.body["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    # the default engine: the OpenAI SDK with the JSON-schema response format, not pydantic-ai's output tool
+    assert request.body["response_format"]["type"] == "json_schema" and "tools" not in request.body
     assert request.text == "Translate into French: The train leaves at dawn (0)."
     assert request.usage is not None
     tokens = {"input_tokens": request.usage["prompt_tokens"], "output_tokens": request.usage["completion_tokens"]}

@@ -1,7 +1,7 @@
 """The model step under a rate limit, over real HTTP to the local OpenAI-compatible server
-(tests/_support/openai_server.py): a slot for each request as it is sent (validation retries, 429s and
-500s included), none while the client is still being built; and the errors of a systemic failure (an
-unreachable server, a missing connection) say what to fix."""
+(tests/_support/openai_server.py), on both engines: a slot for each request as it is sent (validation
+retries, 429s and 500s included), none while the client is still being built; and the errors of a
+systemic failure (an unreachable server, a missing connection) say what to fix."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
+import openai
 import pytest
 from airflow.providers.common.ai.hooks.pydantic_ai import PydanticAIHook
 from pydantic import BaseModel
@@ -21,7 +22,7 @@ from airflow_provider_datagen.core.ratelimit import RateLimit, open_limiter
 from airflow_provider_datagen.core.runner import run as run_module
 from airflow_provider_datagen.core.schema import EventType
 from airflow_provider_datagen.exceptions import ConfigurationError, RepeatedFailureError
-from airflow_provider_datagen.llm import RETRYABLE_ERRORS, llm_process
+from airflow_provider_datagen.llm import RETRYABLE_ERRORS, llm_process, sdk
 from tests._support import openai_server
 from tests._support.engine import open_log
 
@@ -46,6 +47,11 @@ def _connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, base_url: str) ->
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
 
 
+@pytest.fixture(params=["sdk", "pydantic-ai"])
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
 def events() -> list[str]:
     """What happened, in order: "built" (the agent), "slot" (a rate-limit slot granted), "arrival" (at the server)."""
@@ -65,7 +71,7 @@ def server(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> Iterator[FakeO
 
 
 def test_each_http_request_takes_one_slot_as_it_is_sent(
-    server: FakeOpenAI, events: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: FakeOpenAI, events: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     lock = threading.Lock()
 
@@ -100,8 +106,16 @@ def test_each_http_request_takes_one_slot_as_it_is_sent(
         note("built")
         return agent
 
+    real_client = sdk._new_client
+
+    def recording_client(*args: Any) -> Any:
+        client = real_client(*args)
+        note("built")
+        return client
+
     monkeypatch.setattr(run_module, "open_limiter", recording_open)
     monkeypatch.setattr(PydanticAIHook, "create_agent", recording_create)
+    monkeypatch.setattr(sdk, "_new_client", recording_client)
     # 9 items, 12 HTTP requests: a 429 and a 500 answered on the retried attempt, and an answer that
     # fails validation sent back to the model within its one call
     markers = {0: " [429 once]", 1: " [500 once]", 2: " [invalid once]"}
@@ -112,7 +126,8 @@ def test_each_http_request_takes_one_slot_as_it_is_sent(
         "Translate {{ text }}",
         llm_conn_id="llm_slots",
         output_type=Translation,
-        agent_kwargs={"retries": {"output": 1}},
+        output_retries=1,
+        engine=engine,
     )
     log = open_log(tmp_path, "slots")
     report = run_items(
@@ -140,30 +155,30 @@ def test_each_http_request_takes_one_slot_as_it_is_sent(
 
 
 def test_an_unreachable_server_is_named_by_its_base_url_and_stays_retryable(
-    monkeypatch: pytest.MonkeyPatch, make_ctx: Callable[..., RecordingContext]
+    monkeypatch: pytest.MonkeyPatch, make_ctx: Callable[..., RecordingContext], engine: str
 ) -> None:
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/v1"
     _connection(monkeypatch, "llm_down", url)
-    process = llm_process("{{ w }}", llm_conn_id="llm_down")
+    process = llm_process("{{ w }}", llm_conn_id="llm_down", engine=engine)
     ctx = make_ctx()
-    with pytest.raises(ModelConnectionError) as caught:
+    # the SDK's aiohttp transport reports a refused connect as a timeout (an APIConnectionError too)
+    with pytest.raises(openai.APIConnectionError if engine == "sdk" else ModelConnectionError) as caught:
         asyncio.run(process({"w": "hello"}, ctx))
-    assert str(caught.value) == (
-        f"Connection error. (model 'gpt-4o-mini' at {url}/: is the server up, and is it the host of the "
-        "step's connection?)"
+    assert str(caught.value).endswith(
+        f". (model 'gpt-4o-mini' at {url}/: is the server up, and is it the host of the step's connection?)"
     )
     assert POLICY.retryable(caught.value)
     assert ctx.requests == 1 and ctx.usage == []
 
 
 def test_a_missing_connection_says_how_to_add_it_and_is_not_retried(
-    monkeypatch: pytest.MonkeyPatch, make_ctx: Callable[..., RecordingContext]
+    monkeypatch: pytest.MonkeyPatch, make_ctx: Callable[..., RecordingContext], engine: str
 ) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_LLM", raising=False)
-    process = llm_process("{{ w }}", llm_conn_id="no_such_llm", model_id="openai:gpt-5-mini")
+    process = llm_process("{{ w }}", llm_conn_id="no_such_llm", model_id="openai:gpt-5-mini", engine=engine)
     ctx = make_ctx()
     with pytest.raises(ConfigurationError) as caught:
         asyncio.run(process({"w": "hello"}, ctx))

@@ -34,14 +34,15 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
         fake.stop()
 
 
+@pytest.mark.parametrize("engine", ["sdk", "pydantic-ai"])
 def test_run_items_with_the_model_step_retries_a_429_and_records_every_replys_usage(
-    server: FakeOpenAI, tmp_path: Path
+    server: FakeOpenAI, tmp_path: Path, engine: str
 ) -> None:
     # every fourth prompt is throttled on its first request only
     items: list[dict[str, Any]] = [
         {"id": f"q{k}", "text": f"word {k}" + (" [429 once]" if k % 4 == 0 else "")} for k in range(12)
     ]
-    process = llm_process("Repeat {{ text }}", llm_conn_id="llm_run")
+    process = llm_process("Repeat {{ text }}", llm_conn_id="llm_run", engine=engine)
     log = open_log(tmp_path, "llm")
     report = run_items(
         log,

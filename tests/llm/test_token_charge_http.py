@@ -46,14 +46,18 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
         fake.stop()
 
 
-def test_each_replys_tokens_are_charged_to_the_token_window_once(server: FakeOpenAI, tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["sdk", "pydantic-ai"])
+def test_each_replys_tokens_are_charged_to_the_token_window_once(
+    server: FakeOpenAI, tmp_path: Path, engine: str
+) -> None:
     items = [{"id": "q0", "text": "one"}, {"id": "q1", "text": "two [invalid once]"}, {"id": "q2", "text": "three"}]
     limit = RateLimit(requests_per_minute=100, tokens_per_minute=TPM, key="llm-tokens")
     process = llm_process(
         "Translate {{ text }}",
         llm_conn_id="llm_tokens",
         output_type=Translation,
-        agent_kwargs={"retries": {"output": 1}},
+        output_retries=1,
+        engine=engine,
     )
     log = open_log(tmp_path, "tokens")
     policy = RetryPolicy(attempts=2, retry_on=RETRYABLE_ERRORS, backoff=0.0, jitter=False)

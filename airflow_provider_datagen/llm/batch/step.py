@@ -16,24 +16,21 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.batch.protocol import RequestLine
 from airflow_provider_datagen.exceptions import ConfigurationError, OutputValidationError, bad_argument
-from airflow_provider_datagen.llm.output import OutputSpec
+from airflow_provider_datagen.llm.output import OutputSpec, validated_fields
 from airflow_provider_datagen.llm.prompt import PromptTemplate
+from airflow_provider_datagen.llm.request import BATCH_PREFIXES, PROVIDERS, RequestBuilder, Target
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core.batch.protocol import BatchClient, RowResult
 
 _OWNER = "llm_batch"
 _DEFAULT_CONN_ID = "pydanticai_default"
-#: the model-name prefixes of each batch provider (pydantic-ai's spellings)
-_PROVIDERS = {"openai": "openai", "openai-chat": "openai", "openai-responses": "openai", "anthropic": "anthropic"}
-#: Anthropic requires max_tokens; the step's default when the settings give none
-DEFAULT_MAX_TOKENS = 1024
-#: the tool an Anthropic structured answer is forced through (pydantic-ai's name for it)
-OUTPUT_TOOL = "final_result"
+#: the model-name prefixes of each batch provider (pydantic-ai's spellings; llm/request.py is their home)
+_PROVIDERS = {prefix: api for prefix, api in PROVIDERS.items() if prefix in BATCH_PREFIXES}
 #: the step name a batch step's fields are recorded under: a plain process's, so exports compare
 STEP_NAME = "process"
 
@@ -111,10 +108,16 @@ def llm_batch(
         settings=dict(model_settings or {}),
         max_requests_per_batch=max_requests_per_batch,
         max_bytes_per_batch=max_bytes_per_batch,
-        provider=provider,
-        base_url=base_url,
-        api_key=api_key,
+        endpoint=Endpoint(provider, base_url, api_key),
     )
+
+
+class Endpoint(NamedTuple):
+    """Where a batch step's requests go when the arguments, not only the connection, say so."""
+
+    provider: str | None
+    base_url: str | None
+    api_key: str | None
 
 
 def _split_model(model_id: str, provider: str | None) -> tuple[str, str]:
@@ -152,9 +155,7 @@ class LLMBatchStep:
         settings: dict[str, Any],
         max_requests_per_batch: int | None,
         max_bytes_per_batch: int | None,
-        provider: str | None,
-        base_url: str | None,
-        api_key: str | None,
+        endpoint: Endpoint,
     ) -> None:
         self.template = template
         self.output = output
@@ -164,13 +165,14 @@ class LLMBatchStep:
         self.settings = settings
         self.max_requests_per_batch = max_requests_per_batch
         self.max_bytes_per_batch = max_bytes_per_batch
-        self.provider = provider
-        self.base_url = base_url
-        self.api_key = api_key
-        self.schema = _answer_schema(output)
+        self.provider, self.base_url, self.api_key = endpoint
+        self.builder = RequestBuilder(template, output, instructions, self.settings)
+        self.schema = self.builder.schema
+        #: the base URL of the connection, once read (client())
+        self._base_url: str | None = endpoint.base_url
         self.version = self._version()
         #: (provider, bare model) once the connection is read (client())
-        self._resolved: tuple[str, str] | None = _split_model(model_id, provider) if model_id else None
+        self._resolved: tuple[str, str] | None = _split_model(model_id, endpoint.provider) if model_id else None
 
     def _version(self) -> str:
         description: dict[str, Any] = {
@@ -218,6 +220,7 @@ class LLMBatchStep:
         from airflow_provider_datagen.llm.batch.clients import client_for
 
         base_url, api_key, conn_model = self.connection()
+        self._base_url = base_url
         if self._resolved is None:
             if not conn_model:
                 raise ConfigurationError(
@@ -236,37 +239,11 @@ class LLMBatchStep:
     # --- requests and answers -----------------------------------------------------------------
 
     def request(self, item: Mapping[str, Any], item_id: str, custom_id: str) -> RequestLine:
-        """The provider's request body for ``item`` (its prompt rendered from the item's fields)."""
-        text = self.template.render(item, {}, item_id)
+        """The provider's request body for ``item`` (its prompt rendered from the item's fields): the
+        body of the :class:`~airflow_provider_datagen.llm.request.LLMRequest` ``llm_process`` sends too."""
         provider, model = self.resolved
-        if provider == "anthropic":
-            return RequestLine(custom_id, self._anthropic(model, text))
-        return RequestLine(custom_id, self._openai(model, text))
-
-    def _openai(self, model: str, text: str) -> dict[str, Any]:
-        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        messages.append({"role": "user", "content": text})
-        body: dict[str, Any] = {**self.settings, "model": model, "messages": messages}
-        if self.schema is not None:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": OUTPUT_TOOL, "schema": self.schema, "strict": False},
-            }
-        return body
-
-    def _anthropic(self, model: str, text: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "max_tokens": DEFAULT_MAX_TOKENS,
-            **self.settings,
-            "model": model,
-            "messages": [{"role": "user", "content": text}],
-        }
-        if self.instructions:
-            body["system"] = self.instructions
-        if self.schema is not None:
-            body["tools"] = [{"name": OUTPUT_TOOL, "description": "The answer.", "input_schema": self.schema}]
-            body["tool_choice"] = {"type": "tool", "name": OUTPUT_TOOL}
-        return body
+        target = Target(provider, self._base_url, model, provider)
+        return RequestLine(custom_id, self.builder.build(item, {}, item_id, target).body())
 
     def fields(self, row: RowResult) -> dict[str, Any]:
         """The item's fields of a succeeded row, validated; :class:`OutputValidationError` names what is wrong."""
@@ -276,57 +253,8 @@ class LLMBatchStep:
                 f"{_OWNER}: row {row.custom_id}: the model gave no answer (a refusal, or the token limit "
                 "reached before any output); raise max_tokens in model_settings or look at the prompt"
             )
-        return _validated(self.output, answer, row.custom_id)
+        return validated_fields(self.output, answer, f"{_OWNER}: row {row.custom_id}")
 
     def model_label(self, row: RowResult) -> str:
         provider, model = self.resolved
         return f"{provider}:{row.model or model}"
-
-
-def _answer_schema(output: OutputSpec) -> dict[str, Any] | None:
-    """The JSON schema of a structured answer (None: a plain text answer)."""
-    if output.kind == "text":
-        return None
-    if output.schema is not None:
-        return output.schema
-    from pydantic import TypeAdapter
-
-    schema = TypeAdapter(output.output_type).json_schema()
-    if output.kind in ("model", "structured"):
-        return schema
-    # another type (list[str], int, ...): asked as an object of one property, the output field
-    return {"type": "object", "properties": {output.output_field: schema}, "required": [output.output_field]}
-
-
-def _validated(output: OutputSpec, answer: Any, custom_id: str) -> dict[str, Any]:
-    if output.kind == "text":
-        if not isinstance(answer, str):
-            raise OutputValidationError(f"{_OWNER}: row {custom_id}: the answer is not text: {str(answer)[:200]}")
-        return output.fields_of(answer)
-    from pydantic import TypeAdapter, ValidationError  # after the text answer, which needs neither
-
-    if not isinstance(answer, Mapping):
-        raise OutputValidationError(
-            f"{_OWNER}: row {custom_id}: the answer is not a JSON object: {str(answer)[:200]}; the model did not "
-            "follow the output schema"
-        )
-    try:
-        if output.kind == "schema":
-            errors = sorted(output.validator.iter_errors(answer), key=lambda e: list(e.absolute_path))
-            if errors:
-                raise OutputValidationError(
-                    f"{_OWNER}: row {custom_id}: the answer does not match the JSON schema: "
-                    + "; ".join(f"{'/'.join(map(str, e.absolute_path)) or 'answer'}: {e.message}" for e in errors[:10])
-                )
-            return output.fields_of(answer)
-        if output.kind == "value":
-            if output.output_field not in answer:
-                raise OutputValidationError(f"{_OWNER}: row {custom_id}: the answer has no {output.output_field!r}")
-            value = TypeAdapter(output.output_type).validate_python(answer[output.output_field])
-        else:
-            value = TypeAdapter(output.output_type).validate_python(dict(answer))
-    except ValidationError as exc:
-        raise OutputValidationError(
-            f"{_OWNER}: row {custom_id}: the answer does not validate against the output type: {exc.errors()[:5]}"
-        ) from None
-    return output.fields_of(value)

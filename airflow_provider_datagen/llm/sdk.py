@@ -1,0 +1,281 @@
+"""The ``engine="sdk"`` executor of a model step: an :class:`~airflow_provider_datagen.llm.request.LLMRequest`
+sent with the provider's official async client, its answer validated with pydantic.
+
+``openai.AsyncOpenAI`` (OpenAI and every OpenAI-compatible server: a structured answer through the
+``json_schema`` response format) or ``anthropic.AsyncAnthropic`` (through one forced tool). The client
+is built on the worker from the step's connection (:func:`read_connection`), one per event loop (its
+connections belong to the loop that opened them), on aiohttp where it is installed (httpx's pool
+scans every idle connection per request, which costs more the more calls are in flight), with
+``max_retries=0``: the run's ``retry=`` owns retries. It is closed when its loop shuts down its async
+generators (``asyncio.run`` and the runner's loops do).
+
+Each HTTP request takes one slot of the run's rate limit first (``ctx.take_request_slot_async``) and
+records its reply's tokens (``ctx.record_usage``); an answer that does not validate is sent back with
+the errors, ``output_retries`` times, then the item fails with ``OutputValidationError``. The SDKs'
+errors are raised as they are (:data:`~airflow_provider_datagen.llm.errors.RETRYABLE_ERRORS` names the
+transient ones), a rate limit's ``retry-after-ms`` as ``retry_after`` and a connection error naming the
+server it could not reach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_datagen.exceptions import ConfigurationError, OutputValidationError
+from airflow_provider_datagen.llm.output import validated_fields
+from airflow_provider_datagen.llm.quiet import quiet_http_logs
+from airflow_provider_datagen.llm.request import PROVIDERS, Target, usage_provider, wire_settings
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Mapping
+
+    from airflow_provider_datagen.llm.output import OutputSpec
+    from airflow_provider_datagen.llm.request import LLMRequest, RequestBuilder
+
+_OWNER = "llm_process"
+#: an OpenAI-compatible server that needs no key still needs the client to send one
+_NO_KEY = "api-key-not-set"
+
+
+class UnknownModelError(ConfigurationError):
+    """A model name whose prefix the SDK engine does not know (pydantic-ai may: ``google-gla:``, ``bedrock:``)."""
+
+
+def resolve_target(model_name: str | None, base_url: str | None) -> Target:
+    """The :class:`Target` of a pydantic-ai model name (``"openai:gpt-5-mini"``); a name without a prefix
+    (pydantic-ai's ``"test"``, its inference of a bare name) is not one this engine knows."""
+    if not model_name:
+        raise ConfigurationError(
+            f"{_OWNER}: no model: pass model_id='openai:<model>' or set the connection's extra "
+            '{"model": "openai:<model>"}'
+        )
+    prefix, sep, bare = model_name.partition(":")
+    api = PROVIDERS.get(prefix) if sep else None
+    if api is None:
+        raise UnknownModelError(
+            f"{_OWNER}: engine='sdk' does not know the model prefix {prefix!r} of {model_name!r} (it knows "
+            f"{sorted(PROVIDERS)}); pass engine='pydantic-ai' for the models only pydantic-ai knows"
+        )
+    return Target(api, base_url, bare, usage_provider(prefix))
+
+
+class SDKExecutor:
+    """Sends a step's requests with the provider's SDK (see the module); one per event loop.
+
+    :param builder: the step's request builder.
+    :param target: whom to ask.
+    :param api_key: the API key (None: the SDK's environment variable, or none for a local server).
+    :param model_settings: the step's pydantic-ai ``ModelSettings`` (body fields, ``timeout``, ``extra_headers``).
+    :param output_retries: how many times an answer that does not validate is sent back.
+    """
+
+    def __init__(
+        self,
+        builder: RequestBuilder,
+        target: Target,
+        api_key: str | None,
+        model_settings: Mapping[str, Any],
+        output_retries: int,
+    ) -> None:
+        self.builder = builder
+        self.output: OutputSpec = builder.output
+        self.target = target
+        self.output_retries = output_retries
+        self.settings = wire_settings(target.provider, model_settings)
+        timeout = model_settings.get("request_timeout", model_settings.get("timeout"))
+        self._timeout = float(timeout) if isinstance(timeout, (int, float)) else None
+        headers = model_settings.get("extra_headers")
+        self._options: dict[str, Any] = {"headers": dict(headers)} if isinstance(headers, dict) else {}
+        self._api_key = api_key
+        self._client: Any = None
+        self._closer: Any = None  # the async generator whose aclose() closes the client (see _client_on_loop)
+        self._errors = _sdk_errors(target.provider)
+
+    async def run(self, item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+        """The item's fields: ask, validate, send an invalid answer back (``output_retries`` times)."""
+        request = self.builder.build(item, ctx.fields, ctx.item_id, self.target, self.settings)
+        client = self._client if self._client is not None else await self._client_on_loop()
+        where = f"{_OWNER}: item {ctx.item_id!r}"
+        error: OutputValidationError | None = None
+        for _ in range(self.output_retries + 1):
+            await ctx.take_request_slot_async()
+            reply = await self._send(client, request)
+            answer, feedback = (
+                _anthropic_answer(reply, request)
+                if self.target.provider == "anthropic"
+                else _openai_answer(reply, request)
+            )
+            self._record(ctx, reply)
+            try:
+                return validated_fields(self.output, answer, where)
+            except OutputValidationError as exc:
+                error = exc
+                request = request.followed_by(*feedback(str(exc)))
+        assert error is not None
+        raise OutputValidationError(
+            f"{error} (after {self.output_retries + 1} answers; raise output_retries=, or look at the prompt)"
+        )
+
+    async def _send(self, client: Any, request: LLMRequest) -> Any:
+        status_error, connection_error = self._errors
+        try:
+            if request.provider == "anthropic":
+                from anthropic.types import Message
+
+                return await client.post("/v1/messages", cast_to=Message, body=request.body(), options=self._options)
+            from openai.types.chat import ChatCompletion
+
+            return await client.post(
+                "/chat/completions", cast_to=ChatCompletion, body=request.body(), options=self._options
+            )
+        except status_error as exc:
+            _retry_after_ms(exc)
+            raise
+        except connection_error as exc:
+            _name_the_server(exc, request.model, str(client.base_url))
+            raise
+
+    def _record(self, ctx: Any, reply: Any) -> None:
+        usage = getattr(reply, "usage", None)
+        if usage is None:
+            return
+        if self.target.provider == "anthropic":
+            tokens_in = (
+                int(usage.input_tokens or 0)
+                + int(getattr(usage, "cache_creation_input_tokens", 0) or 0)
+                + int(getattr(usage, "cache_read_input_tokens", 0) or 0)
+            )
+            tokens_out = int(usage.output_tokens or 0)
+        else:
+            tokens_in, tokens_out = int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0)
+        model = f"{self.target.label}:{getattr(reply, 'model', None) or self.target.model}"
+        ctx.record_usage(model=model, input_tokens=tokens_in, output_tokens=tokens_out, calls=1)
+
+    async def _client_on_loop(self) -> Any:
+        """The client, built on the loop that uses it (aiohttp's session belongs to one loop)."""
+        if self._client is None:
+            self._client = _new_client(self.target, self._api_key, self._timeout)
+            self._closer = _close_at_shutdown(self._client)
+            await self._closer.__anext__()  # registered with the loop: shutdown_asyncgens() closes it
+        return self._client
+
+
+def _sdk_errors(provider: str) -> tuple[type[Exception], type[Exception]]:
+    if provider == "anthropic":
+        import anthropic
+
+        return anthropic.APIStatusError, anthropic.APIConnectionError
+    import openai
+
+    return openai.APIStatusError, openai.APIConnectionError
+
+
+def _new_client(target: Target, api_key: str | None, timeout: float | None) -> Any:
+    kwargs: dict[str, Any] = {"max_retries": 0}
+    if target.base_url:
+        kwargs["base_url"] = target.base_url
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if target.provider == "anthropic":
+        import anthropic
+
+        kwargs["api_key"] = api_key
+        aio: Any = getattr(anthropic, "DefaultAioHttpClient", None)  # an older SDK has none
+        make: Any = anthropic.AsyncAnthropic
+    else:
+        import openai
+
+        # a local server needs no key, but the client insists on one
+        kwargs["api_key"] = api_key or (None if target.label == "openai" and not target.base_url else _NO_KEY)
+        aio, make = getattr(openai, "DefaultAioHttpClient", None), openai.AsyncOpenAI
+    try:
+        http_client = None if aio is None else aio(timeout=timeout) if timeout is not None else aio()
+    except RuntimeError:  # the SDK's aiohttp extra is not installed: its default httpx client
+        http_client = None
+    if http_client is not None:
+        kwargs["http_client"] = http_client
+    return make(**kwargs)
+
+
+async def _close_at_shutdown(client: Any) -> AsyncIterator[None]:
+    """Held from the client's first request until its loop shuts down: the HTTP loggers stay quiet for
+    the whole run (not switched per call when calls do not overlap), then the client is closed."""
+    with quiet_http_logs():
+        try:
+            yield
+        finally:
+            await client.close()
+
+
+def _openai_answer(reply: Any, request: LLMRequest) -> tuple[Any, Any]:
+    """(the raw answer, a function of the errors giving the messages that send it back) of a completion:
+    a structured answer's JSON decoded, a text answer as it is (even when it looks like JSON)."""
+    message = reply.choices[0].message if reply.choices else None
+    content = None if message is None else message.content
+    if content is None and message is not None and message.tool_calls:
+        content = message.tool_calls[0].function.arguments  # a server that answered through a tool
+    answer: Any = content
+    if content is not None and request.schema is not None:
+        try:
+            decoded = json.loads(content)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict):
+            answer = decoded
+
+    def feedback(errors: str) -> tuple[dict[str, Any], ...]:
+        return (
+            {"role": "assistant", "content": content or ""},
+            {"role": "user", "content": f"{errors}\nFix the errors and answer again."},
+        )
+
+    return answer, feedback
+
+
+def _anthropic_answer(reply: Any, request: LLMRequest) -> tuple[Any, Any]:
+    blocks = list(reply.content or [])
+    tool = next((b for b in blocks if getattr(b, "type", None) == "tool_use"), None)
+    text = "".join(getattr(b, "text", "") for b in blocks if getattr(b, "type", None) == "text")
+    answer: Any = tool.input if request.schema is not None and tool is not None else (text or None)
+
+    def feedback(errors: str) -> tuple[dict[str, Any], ...]:
+        if tool is None:
+            return (
+                {"role": "assistant", "content": text or "(no answer)"},
+                {"role": "user", "content": f"{errors}\nFix the errors and answer again."},
+            )
+        return (
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": tool.id, "name": tool.name, "input": tool.input}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": tool.id, "content": errors, "is_error": True}],
+            },
+        )
+
+    return answer, feedback
+
+
+def _retry_after_ms(exc: Any) -> None:
+    """A rate limit's ``retry-after-ms`` header as the error's ``retry_after`` (seconds), which the retry
+    policy waits at least; ``Retry-After`` it reads from the response itself."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    value = headers.get("retry-after-ms") if headers is not None else None
+    if value is not None:
+        with contextlib.suppress(ValueError):
+            exc.retry_after = float(value) / 1000.0
+
+
+def _name_the_server(exc: Any, model: str, url: str) -> None:
+    """A connection error says which server could not be reached: the SDK's says only "Connection error."."""
+    message = str(exc)
+    if url in message:
+        return
+    exc.message = (
+        f"{message} (model {model!r} at {url}: is the server up, and is it the host of the step's connection?)"
+    )
+    exc.args = (exc.message, *exc.args[1:])
