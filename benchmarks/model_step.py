@@ -335,6 +335,8 @@ def profile(tmp: Path, n: int, concurrency: int = 256, top: int = 25) -> None:
         "  own time by package: "
         + ", ".join(f"{k} {v / total:.1%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
     )
+    expired = sum(v[1] for (path, _, fn), v in stats.stats.items() if fn == "has_expired")  # type: ignore[attr-defined]
+    print(f"  httpcore has_expired calls (an idle connection's check, per request): {expired:,}")
     stats.sort_stats("tottime").print_stats("airflow_provider_datagen", 15)
 
 
