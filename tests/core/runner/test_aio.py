@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -111,3 +113,36 @@ def test_a_cancelled_error_raised_by_the_call_ends_the_run_as_before(tmp_path: A
     with pytest.raises(asyncio.CancelledError, match="the call gave up"):
         run_items(log, make_items(5), process, concurrency=2)
     assert statuses(log).get("2") != "completed"
+
+
+def test_a_handler_that_returns_lets_the_slots_go_on(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal stops the workers from starting items until the driver ran its handler; one that returns
+    (it does not end the run) has the driver open the slots again, and every item completes once."""
+    events: list[tuple[str, str]] = []
+    _recording(monkeypatch, events)
+    handled: list[int] = []
+
+    def handler(sig: int, frame: Any) -> None:
+        handled.append(sum(1 for e in events if e[0] == "started"))
+
+    async def process(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        events.append(("started", ctx.item_id))
+        if item["id"] == 3:
+            os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(item["id"] % 3 + 1):
+            await asyncio.sleep(0)
+        events.append(("returned", ctx.item_id))
+        return flat_output(item)
+
+    previous = signal.signal(signal.SIGHUP, handler)
+    try:
+        log = open_log(tmp_path, "sig")
+        report = run_items(log, make_items(12), process, concurrency=3)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert signal.getsignal(signal.SIGHUP) is previous  # the driver restored what it took over
+    assert len(handled) == 1 and handled[0] < 12  # run by the driver, mid-run
+    assert sorted(report.processed, key=int) == [str(k) for k in range(12)]
+    assert sorted(statuses(log).values()) == ["completed"] * 12
+    started = [e[1] for e in events if e[0] == "started"]
+    assert len(started) == len(set(started)) == 12
