@@ -30,6 +30,9 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
   and a budget's overshoot with 4 concurrent processes (see benchmarks/ledger.py).
 * ``batch``: the per-item cost of recording 100k batch results against ``run_items`` writing the same
   fields and usage (see benchmarks/batch_results.py).
+* ``model_step``: the model step (``run_items`` with an SDK process, ``llm_process`` per engine) against a
+  raw ``AsyncOpenAI`` loop over a local OpenAI-compatible server at 100 ms, 256 and 64 in flight, with
+  and without 429s (see benchmarks/model_step.py).
 * ``chunk``: what one mapped task pays besides its items (its chunk's states, the closing status) at
   100k and 1M items, before and after it stopped reading the whole log (see benchmarks/chunk_overhead.py).
 
@@ -60,6 +63,7 @@ from benchmarks.chunk_overhead import bench_chunk_overhead
 from benchmarks.concurrency import bench_concurrency
 from benchmarks.fakes import LATENCY_ENV
 from benchmarks.ledger import bench_ledger
+from benchmarks.model_step import bench_model_step
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -748,7 +752,18 @@ def bench_fanout(tmp: Path, quick: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    all_sections = ["throughput", "plan", "reads", "airflow", "fanout", "concurrency", "ledger", "chunk", "batch"]
+    all_sections = [
+        "throughput",
+        "plan",
+        "reads",
+        "airflow",
+        "fanout",
+        "concurrency",
+        "ledger",
+        "chunk",
+        "batch",
+        "model_step",
+    ]
     parser.add_argument("--only", nargs="*", choices=all_sections)
     args = parser.parse_args(argv)
     sections = args.only or all_sections
@@ -771,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ledger": bench_ledger,
                 "chunk": bench_chunk_overhead,
                 "batch": bench_batch_results,
+                "model_step": bench_model_step,
             }
             results[name] = fn[name](tmp, args.quick)
             print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -1,12 +1,15 @@
 """Async processes: ``run_items`` with an ``async def`` process on an event loop (see docs/adr/0010-async-processes.md).
 
 A one-step pipeline whose function is async runs on an event loop in the calling thread, up to
-``concurrency`` calls in flight (a task per item). That thread stays the only writer of the log: a
-task only awaits the user's call (with its retries); the driver coroutine acknowledges each item as
-it finishes, through the same :meth:`Runner.finish_leaf` as the sequential path, and makes the pulls
-and commits between two awaits. A commit stalls the loop only while a previous pipelined append is
-still being written. A signal handler of the process (an orchestrator's SIGTERM) runs in the driver,
-between acknowledgements, so its error ends the run exactly where the thread driver's would.
+``concurrency`` calls in flight: one worker coroutine per slot awaits an item's call (with its
+retries), acknowledges the item through the same :meth:`Runner.finish_leaf` as the sequential path as
+soon as the call returns, and starts the next item in the same step of the loop, so no slot (and no
+connection) waits for another coroutine to wake. That thread stays the only writer of the log: the
+pulls, acknowledgements and commits are synchronous between two awaits, so the batch holds whole
+acknowledgements at every await, and items are acknowledged in the order their calls return. A commit
+stalls the loop only while a previous pipelined append is still being written. A signal handler of the
+process (an orchestrator's SIGTERM) runs in the driver coroutine, between acknowledgements, so its error
+ends the run exactly where the thread driver's would.
 
 A pipeline of several steps with async ones keeps the sync drivers: each async step's coroutine runs
 on a :class:`LoopThread` of the run, which the calling thread waits for (``RunShared.bridge``).
@@ -43,7 +46,15 @@ _HANDLED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP
 
 
 class AsyncDriver:
-    """Drives a one-step async process's root items on an event loop; the loop's thread writes the log."""
+    """Drives a one-step async process's root items on an event loop; the loop's thread writes the log.
+
+    One worker coroutine per slot (up to ``concurrency``): it awaits an item's call, acknowledges the
+    item as soon as the call returns and starts the next one at once, in the same step of the loop
+    (no slot waits for the driver to wake). Everything between two awaits is synchronous on the
+    loop's thread, so the log keeps one writer, the batch holds whole acknowledgements at every await
+    and items are acknowledged in the order their calls return. The driver coroutine opens the slots,
+    runs signal handlers between acknowledgements and raises what ends the run.
+    """
 
     def __init__(self, runner: Runner, concurrency: int, tick: Callable[[], None]) -> None:
         self.runner = runner
@@ -53,6 +64,15 @@ class AsyncDriver:
         self.fatal: BaseException | None = None
         self._wake: asyncio.Event | None = None
         self._signals: deque[int] = deque()
+        #: what a worker raised outside its item's call (a pull, a commit, a reraise type), and
+        #: whether it arrived between acknowledgements (while waiting for a rate-limit slot)
+        self._error: tuple[BaseException, bool] | None = None
+        #: the driver is ending the run: no worker acknowledges or starts anything more
+        self._ending = False
+        #: the first clean stop (fail_fast, a broken contract, a repeated error): raised at the end
+        self._stopped: DatagenError | None = None
+        #: no new item starts: the jobs ran out or a budget was reached
+        self._exhausted = False
 
     def flush_from_task(self) -> None:
         """Commit from inside a task (same thread); a failure ends the run in the driver, not the item."""
@@ -61,49 +81,30 @@ class AsyncDriver:
         except BaseException as exc:
             if self.fatal is None:
                 self.fatal = exc
-            if self._wake is not None:
-                self._wake.set()
+            self._wake_driver()
             raise RunEnded("the run ended while committing this item's progress") from exc
 
     async def run(self, jobs: RootJobs) -> None:
-        """Start items up to ``concurrency`` in flight, acknowledge each as it finishes (completion order)."""
-        runner, shared = self.runner, self.runner.shared
-        step, coord, _, _ = runner.leaf_site
-        fn = step.fn
-        report = runner.report
+        """Open up to ``concurrency`` slots; each worker acknowledges its items in the order their calls return."""
+        runner = self.runner
         loop = asyncio.get_running_loop()
         wake = self._wake = asyncio.Event()
-        finished: deque[asyncio.Future[Any]] = deque()
-        #: task -> (the item as the runner knows it, the context of a plain call or None)
-        inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | list[ItemContext]]] = {}
-        plain = not guarded(shared)
-        stop_pulling = shared.stop_pulling
-        # A budget and a rate limit the runner takes: an item's slot is awaited before its budget
-        # check, so an item that waited while the budget was reached does not start (threads.py too).
-        prepay = shared.before_attempt_async if stop_pulling is not None and not takes_request_slots(step) else None
-        slot_ready = False  # a slot taken for the next item to start
-        stopped: DatagenError | None = None
-        exhausted = False
+        workers: set[asyncio.Future[None]] = set()
         clean = False  # the batch holds whole acknowledgements only (the driver is between two of them)
 
-        def done(task: asyncio.Future[Any]) -> None:
-            finished.append(task)
+        def exited(task: asyncio.Future[None]) -> None:
+            workers.discard(task)
+            exc = None if task.cancelled() else task.exception()
+            # a worker catches what its items raise; KeyboardInterrupt and SystemExit left the loop already
+            if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)) and self._error is None:
+                self._error = (exc, False)
             wake.set()
 
         originals = self._intercept_signals(loop)
         try:
             while True:
-                while finished:
-                    task = finished.popleft()
-                    item, ctx = inflight.pop(task)
-                    try:
-                        self._settle(task, item, ctx)
-                    except CHUNK_STOPS as err:
-                        # fail_fast, the contract broken once too often, a repeated error: start nothing more, but
-                        # acknowledge what is already running (its work is paid for), as threads do
-                        if stopped is None:
-                            stopped = err
-                    self.tick()
+                if self._error is not None:
+                    raise self._error[0]
                 if self.fatal is not None:
                     raise self.fatal
                 if self._signals:
@@ -114,26 +115,11 @@ class AsyncDriver:
                         handler(sig, inspect.currentframe())  # an orchestrator's handler raises: the run ends
                     clean = False
                     continue
-                if stopped is None and not exhausted and len(inflight) < self.concurrency:
-                    if prepay is not None and not slot_ready:
-                        clean = True  # between acknowledgements, as while waiting for a wake-up
-                        await prepay()
-                        clean = False
-                        slot_ready = True
-                        continue  # what finished while it waited is settled first
-                    if stop_pulling is not None and stop_pulling():
-                        exhausted = True  # a budget ran out: items in flight finish, no new one starts
-                        continue
-                    job = next(jobs, None)
-                    if job is None:
-                        exhausted = True
-                        continue
-                    if slot_ready:  # the item's call takes this slot (call_step_async)
-                        runner.prepaid_slots += 1
-                        slot_ready = False
-                    self._start(job, fn, coord, plain, inflight, done, report)
-                    continue
-                if not inflight:
+                while len(workers) < self.concurrency and self._stopped is None and not self._exhausted:
+                    worker = asyncio.ensure_future(self._work(jobs))
+                    workers.add(worker)
+                    worker.add_done_callback(exited)
+                if not workers:
                     break
                 wake.clear()
                 clean = True
@@ -142,29 +128,112 @@ class AsyncDriver:
         except BaseException:
             # A run-ending error (a reraise type, a signal's, a failed commit): items in flight are not
             # acknowledged (they replay next run) and are cancelled, so no user code runs after us.
-            for task in inflight:
-                task.cancel()
-            if clean and self.fatal is None:
+            self._ending = True
+            for running in workers:
+                running.cancel()
+            if self.fatal is None and (clean if self._error is None else self._error[1]):
                 runner.flush()  # it arrived between acknowledgements: keep them, as run_root's handler does
             raise
         finally:
             self._restore_signals(loop, originals)
-        if stopped is not None:
+        if self._stopped is not None:
             runner.release(jobs.pulled_unstarted())  # a clean stop: the rest of the pull never starts
             runner.flush()
-            raise stopped
+            raise self._stopped
 
-    def _start(
-        self,
-        job: RootJob,
-        fn: Callable[..., Any],
-        coord: Any,
-        plain: bool,
-        inflight: dict[asyncio.Future[Any], tuple[SourceItem | WorkItem, ItemContext | list[ItemContext]]],
-        done: Callable[[asyncio.Future[Any]], None],
-        report: Any,
-    ) -> None:
+    def _ended(self) -> bool:
+        return self._ending or self._error is not None or self.fatal is not None
+
+    def _wake_driver(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _work(self, jobs: RootJobs) -> None:
+        """One slot: start an item, await its call, acknowledge it, start the next; return when no more may start."""
+        while True:
+            try:
+                call = await self._take(jobs)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # a pull, its commit, a rate limit's storage: the run ends
+                self._fail_run(exc, clean=False)
+                return
+            if call is None:
+                return
+            item, ctx, awaitable = call
+            failure: BaseException | None = None
+            result: Any = None
+            try:
+                result = await awaitable
+            except (KeyboardInterrupt, SystemExit):
+                raise  # they leave the loop at once, as from a task of their own (ADR 0010)
+            except BaseException as exc:  # a CancelledError the call raised itself fails the item
+                if self._ended() or _being_cancelled():
+                    raise
+                failure = exc
+            if self._ended():
+                return  # the run ends: this item is not acknowledged (it replays next run)
+            if isinstance(failure, RunEnded):
+                assert self.fatal is not None
+                return
+            try:
+                self._settle(item, ctx, result, failure)
+            except CHUNK_STOPS as err:
+                # fail_fast, the contract broken once too often, a repeated error: start nothing more, but
+                # acknowledge what is already running (its work is paid for), as threads do
+                if self._stopped is None:
+                    self._stopped = err
+                self._wake_driver()
+            except BaseException as exc:
+                self._fail_run(exc, clean=False)
+                return
+            self.tick()
+
+    def _fail_run(self, exc: BaseException, *, clean: bool) -> None:
+        if self._error is None:
+            self._error = (exc, clean)
+        self._wake_driver()
+
+    async def _take(self, jobs: RootJobs) -> tuple[SourceItem | WorkItem, ItemContext | list[ItemContext], Any] | None:
+        """The next item's call, started (None: none may start now; the driver decides what follows)."""
         runner = self.runner
+        shared = runner.shared
+        stop_pulling = shared.stop_pulling
+        step = runner.leaf_site[0]
+        # A budget and a rate limit the runner takes: an item's slot is awaited before its budget
+        # check, so an item that waited while the budget was reached does not start (threads.py too).
+        prepay = shared.before_attempt_async if stop_pulling is not None and not takes_request_slots(step) else None
+        while not (self._ended() or self._stopped is not None or self._exhausted or self._signals):
+            if prepay is not None:
+                try:
+                    await prepay()
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:  # between acknowledgements: the driver keeps them
+                    self._fail_run(exc, clean=True)
+                    return None
+                if self._ended() or self._stopped is not None:
+                    return None
+            if stop_pulling is not None and stop_pulling():
+                self._exhausted = True  # a budget ran out: items in flight finish, no new one starts
+                return None
+            job = next(jobs, None)
+            if job is None:
+                self._exhausted = True
+                return None
+            if prepay is not None:  # the item's call takes this slot (call_step_async)
+                runner.prepaid_slots += 1
+            call = self._start(job)
+            if call is not None:
+                return call
+        return None
+
+    def _start(self, job: RootJob) -> tuple[SourceItem | WorkItem, ItemContext | list[ItemContext], Any] | None:
+        """Stage what starts ``job`` and make its call (None: acknowledged or failed without one)."""
+        runner = self.runner
+        report = runner.report
+        step, coord, _, _ = runner.leaf_site
+        plain = not guarded(runner.shared)
         src, state, replayed, _, create = job
         iid = src.item_id
         if replayed:
@@ -184,7 +253,7 @@ class AsyncDriver:
             if runner.step_site(runner.shared.pipeline, None, None, None).frame in item.completed:
                 runner.acknowledge(iid, COMPLETED, None)
                 self.tick()
-                return
+                return None
         try:
             if plain:
                 if isinstance(item, WorkItem):
@@ -192,33 +261,31 @@ class AsyncDriver:
                 else:
                     ctx = ItemContext(iid, src.key, src.fingerprint, 1, NO_FIELDS, coord, NO_FIELDS)
                 report.invocations += 1
-                task = asyncio.ensure_future(fn(src.data, ctx))
+                awaitable = step.fn(src.data, ctx)
             else:
                 assert isinstance(item, WorkItem)
                 assert isinstance(ctx, list)
-                task = asyncio.ensure_future(
-                    call_step_async(runner, item, runner.shared.pipeline, coord, self.flush_from_task, ctx)
-                )
+                awaitable = call_step_async(runner, item, runner.shared.pipeline, coord, self.flush_from_task, ctx)
+            if not asyncio.iscoroutine(awaitable):
+                awaitable = asyncio.ensure_future(awaitable)  # another awaitable, or an error saying it is none
         except BaseException as exc:  # the call itself raised, or gave no awaitable
             runner.fail_leaf(item, exc, _usage_of(ctx))
             self.tick()
-            return
-        inflight[task] = (item, ctx)
-        task.add_done_callback(done)
+            return None
+        return item, ctx, awaitable
 
     def _settle(
-        self, task: asyncio.Future[Any], item: SourceItem | WorkItem, ctx: ItemContext | list[ItemContext]
+        self,
+        item: SourceItem | WorkItem,
+        ctx: ItemContext | list[ItemContext],
+        result: Any,
+        failure: BaseException | None,
     ) -> None:
-        """Acknowledge a finished task's item: its result through finish_leaf, or its failure."""
+        """Acknowledge an item whose call ended: its result through finish_leaf, or its failure."""
         runner = self.runner
-        exc = asyncio.CancelledError() if task.cancelled() else task.exception()
-        if exc is not None:
-            if isinstance(exc, RunEnded):
-                assert self.fatal is not None
-                raise self.fatal
-            runner.fail_leaf(item, exc, _usage_of(ctx))
+        if failure is not None:
+            runner.fail_leaf(item, failure, _usage_of(ctx))
             return
-        result = task.result()
         if isinstance(ctx, list):  # the guarded call returns the context of the attempt that returned
             result, ctx = result
         assert isinstance(ctx, ItemContext)
@@ -244,8 +311,7 @@ class AsyncDriver:
 
     def _on_signal(self, sig: int) -> None:
         self._signals.append(sig)
-        if self._wake is not None:
-            self._wake.set()
+        self._wake_driver()
 
     @staticmethod
     def _restore_signals(loop: asyncio.AbstractEventLoop, originals: dict[int, Any]) -> None:
@@ -356,6 +422,12 @@ class LoopThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task (a worker) is being cancelled, rather than its call raising CancelledError."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _usage_of(ctx: ItemContext | list[ItemContext]) -> list[Any] | None:
