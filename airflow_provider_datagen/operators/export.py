@@ -13,6 +13,7 @@ from airflow_provider_datagen._arguments import (
     check_non_empty_str,
     is_template,
 )
+from airflow_provider_datagen.core.export_spec import FORMATS
 from airflow_provider_datagen.core.uri import has_scheme
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import DatagenBaseOperator, folded_status
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 
 class DatagenExportOperator(DatagenBaseOperator):
     """
-    Export the folded fields of completed items to a Lance dataset and fingerprint it.
+    Export the folded fields of completed items to a Lance dataset (or Parquet or JSON Lines files) and
+    fingerprint it.
 
     Columns: ``item_id``, ``key``, one typed column per field (Arrow types inferred from the values;
     a field whose values do not share one type is a column of JSON text, named in the task log and
@@ -36,8 +38,8 @@ class DatagenExportOperator(DatagenBaseOperator):
     new version and emits no asset event. Only the items of the experiment's current source are
     exported (the source the last plan recorded, or ``source``): completed items whose rows were
     deleted from it are left out and counted in ``removed``. Returns ``{"rows", "fingerprint",
-    "changed", "json_fields", "renamed_fields", "removed"}``; equal results give equal fingerprints whatever history
-    (failures, crashes, reruns) produced them. Fails with
+    "changed", "json_fields", "renamed_fields", "removed", "format", "base64_fields"}``; equal results
+    give equal fingerprints whatever history (failures, crashes, reruns) produced them. Fails with
     :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError` when the experiment has no
     log (a misspelt name), writing nothing.
 
@@ -49,6 +51,10 @@ class DatagenExportOperator(DatagenBaseOperator):
         ids are read); with ``include_input=True``, needed: the log keeps input fingerprints, not inputs.
     :param key_field: the key field of ``source``.
     :param include_removed: export every completed item, also those the source no longer holds.
+    :param format: ``"lance"`` (a Lance dataset), ``"parquet"`` or ``"jsonl"`` (part files and a manifest
+        under the destination folder); the columns and the fingerprint are the same in each.
+    :param include_blobs: export ``bytes`` fields as binary columns of their bytes (base64 text in JSONL,
+        named in ``base64_fields``); False exports each as ``{"$bytes_sha256", "size"}``.
     :param datagen_conn_id: connection of type ``datagen``; its storage options apply to the
         destination too.
     """
@@ -65,6 +71,8 @@ class DatagenExportOperator(DatagenBaseOperator):
         source: Any = None,
         key_field: str = "id",
         include_removed: bool = False,
+        format: str = "lance",
+        include_blobs: bool = True,
         datagen_conn_id: str = DatagenHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -86,6 +94,12 @@ class DatagenExportOperator(DatagenBaseOperator):
                 "is not a bool",
                 "pass True to export completed items the source no longer holds too, False for the source's only",
             )
+        if format not in FORMATS:
+            raise bad_argument(
+                self, "format", format, "is not an export format", f"pass one of {', '.join(map(repr, FORMATS))}"
+            )
+        if not isinstance(include_blobs, bool):
+            raise bad_argument(self, "include_blobs", include_blobs, "is not a bool", "pass True or False")
         if include_input and source is None:
             raise bad_argument(
                 self,
@@ -106,6 +120,8 @@ class DatagenExportOperator(DatagenBaseOperator):
         self.destination = destination
         self.include_input = include_input
         self.include_removed = include_removed
+        self.format = format
+        self.include_blobs = include_blobs
         self.source = list(source) if isinstance(source, tuple) else source
         self.key_field = check_non_empty_str(self, "key_field", key_field, "name the field holding each item's key")
 
@@ -122,6 +138,8 @@ class DatagenExportOperator(DatagenBaseOperator):
             source=self.source,
             key_field=self.key_field,
             include_removed=self.include_removed,
+            format=self.format,
+            include_blobs=self.include_blobs,
         )
         if result["removed"]:
             self.log.info(
