@@ -257,6 +257,37 @@ def _left_out(
     return set(pc.filter(done, pc.invert(pc.is_in(done, value_set=held))).to_pylist())
 
 
+def exported_states(
+    log: CheckpointLog, source: Any, key_field: str, include_removed: bool
+) -> tuple[dict[str, ItemState], int]:
+    """The completed root items an export holds (see :func:`export_results`), and how many were left out.
+
+    :raises ExperimentNotFoundError: the experiment has no log.
+    """
+    require_experiment(log)
+    states = log.completed_root_states()
+    gone = _left_out(log, list(states), source, key_field, include_removed)
+    if not gone:
+        return states, 0
+    kept = {i: st for i, st in states.items() if i not in gone}
+    return kept, len(states) - len(kept)
+
+
+def export_table(
+    states: Mapping[str, ItemState], inputs: Mapping[str, Mapping[str, Any]] | None, *, include_blobs: bool, fmt: str
+) -> tuple[pa.Table, list[str], dict[str, str]]:
+    """The export table of ``states`` in ``fmt``'s layout, its JSON columns and renames (no marker)."""
+    table, json_fields, renamed = results_table(_fields(states, blobs=include_blobs), inputs)
+    return wide_binary(table, fmt), json_fields, renamed
+
+
+def items_inputs(
+    source: Any, key_field: str, states: Mapping[str, ItemState], log: CheckpointLog
+) -> dict[str, dict[str, Any]]:
+    """The source inputs of the exported items, read as the plan read them (the log's storage options)."""
+    return _inputs(source, key_field, states, log.storage_options)
+
+
 def _check_arguments(fmt: Any, include_input: Any, include_removed: Any, include_blobs: Any, source: Any) -> None:
     if fmt not in FORMATS:
         raise bad_argument(
@@ -360,14 +391,7 @@ def export_results(
     """
     _check_arguments(format, include_input, include_removed, include_blobs, source)
     _check_destination(destination_uri, storage_options, format)
-    require_experiment(log)
-    states = log.completed_root_states()
-    gone = _left_out(log, list(states), source, key_field, include_removed)
-    removed = 0
-    if gone:
-        kept = {i: st for i, st in states.items() if i not in gone}
-        removed = len(states) - len(kept)
-        states = kept
+    states, removed = exported_states(log, source, key_field, include_removed)
     if format == "parquet" and include_blobs:
         _check_parquet_sizes(states)
     fingerprint = results_fingerprint(_canonical(_fields(states)))
@@ -390,8 +414,7 @@ def export_results(
             "renamed_fields": dict(stored.get("renamed_fields", {})),
             "base64_fields": list(stored.get("base64_fields", [])),
         }
-    table, json_fields, renamed = results_table(_fields(states, blobs=include_blobs), inputs)
-    table = wide_binary(table, format)
+    table, json_fields, renamed = export_table(states, inputs, include_blobs=include_blobs, fmt=format)
     base64_fields = binary_columns(table) if format == "jsonl" else []
     marker = {**content, "json_fields": json_fields, "renamed_fields": renamed, "base64_fields": base64_fields}
     table = table.replace_schema_metadata({EXPORT_META_KEY: canonical_json(marker)})
