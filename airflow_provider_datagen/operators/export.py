@@ -15,11 +15,12 @@ from airflow_provider_datagen._arguments import (
 )
 from airflow_provider_datagen.core.export_spec import FORMATS
 from airflow_provider_datagen.core.uri import has_scheme
-from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import DatagenBaseOperator, folded_status
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_provider_datagen.experiment import DatagenExperiment
 
 
 class DatagenExportOperator(DatagenBaseOperator):
@@ -43,8 +44,10 @@ class DatagenExportOperator(DatagenBaseOperator):
     :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError` when the experiment has no
     log (a misspelt name), writing nothing.
 
-    :param pipeline: pipeline name.
-    :param experiment: experiment name.
+    :param pipeline: pipeline name. Not needed when ``experiment`` is a ``DatagenExperiment``.
+    :param experiment: experiment name. Or a
+        :class:`~airflow_provider_datagen.experiment.DatagenExperiment`: then ``pipeline``,
+        ``datagen_conn_id`` (and ``processor_version``) come from it, and an explicit different one is an error.
     :param destination: absolute path or URI of the export dataset (overwritten when it changes).
     :param include_input: add each item's source input as a struct column ``input``; needs ``source``.
     :param source: the source whose items to export, instead of the one the last plan recorded (its
@@ -64,8 +67,8 @@ class DatagenExportOperator(DatagenBaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
-        experiment: str,
+        pipeline: str | None = None,
+        experiment: str | DatagenExperiment,
         destination: str,
         include_input: bool = False,
         source: Any = None,
@@ -73,7 +76,7 @@ class DatagenExportOperator(DatagenBaseOperator):
         include_removed: bool = False,
         format: str = "lance",
         include_blobs: bool = True,
-        datagen_conn_id: str = DatagenHook.default_conn_name,
+        datagen_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         if not isinstance(destination, (str, os.PathLike)) or not os.fspath(destination):
