@@ -46,8 +46,16 @@ from airflow_provider_datagen.core.export_files import (
     write_files_export,
 )
 from airflow_provider_datagen.core.export_spec import FILE_FORMATS, FORMATS
+from airflow_provider_datagen.core.export_stream import (
+    EXPORT_BATCH_ITEMS,
+    Spilled,
+    conformed,
+    layout,
+    spill,
+    state_batches,
+)
 from airflow_provider_datagen.core.ids import key_of
-from airflow_provider_datagen.core.schema import VALUE_KIND_BYTES
+from airflow_provider_datagen.core.schema import VALUE_KIND_BYTES, ItemStatus
 from airflow_provider_datagen.core.source_scan import scan_batches
 from airflow_provider_datagen.core.sources import load_source, source_path
 from airflow_provider_datagen.core.store.lance_io import export_metadata, write_results_dataset
@@ -202,13 +210,6 @@ def _inputs(
     return {i: by_id[i].data for i in ids}
 
 
-def _inputs_digest(states: Mapping[str, ItemState]) -> str:
-    h = hashlib.sha256()
-    for iid in sorted(states):
-        h.update(f"{iid}\x1f{states[iid].input_fingerprint}\n".encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
-
-
 def _stored_marker(destination_uri: str, storage_options: dict[str, str] | None) -> dict[str, Any] | None:
     found = export_metadata(destination_uri, storage_options)
     if found is None:
@@ -257,20 +258,39 @@ def _left_out(
     return set(pc.filter(done, pc.invert(pc.is_in(done, value_set=held))).to_pylist())
 
 
-def exported_states(
-    log: CheckpointLog, source: Any, key_field: str, include_removed: bool
-) -> tuple[dict[str, ItemState], int]:
-    """The completed root items an export holds (see :func:`export_results`), and how many were left out.
+def exported_ids(log: CheckpointLog, source: Any, key_field: str, include_removed: bool) -> tuple[pa.Array, int]:
+    """The ids (sorted) of the completed root items an export holds (see :func:`export_results`), and how
+    many completed items were left out.
 
     :raises ExperimentNotFoundError: the experiment has no log.
     """
     require_experiment(log)
-    states = log.completed_root_states()
-    gone = _left_out(log, list(states), source, key_field, include_removed)
+    states = log.states()
+    if states.num_rows == 0:
+        return pa.array([], pa.string()), 0
+    done = states.filter(
+        pc.and_(
+            pc.equal(states["status"], ItemStatus.COMPLETED.value),
+            pc.equal(pc.count_substring(states["item_id"], "/"), 0),
+        )
+    )["item_id"]
+    ids = done.take(pc.sort_indices(done))
+    gone = _left_out(log, ids.to_pylist(), source, key_field, include_removed)
     if not gone:
-        return states, 0
-    kept = {i: st for i, st in states.items() if i not in gone}
-    return kept, len(states) - len(kept)
+        return ids, 0
+    kept = pc.filter(ids, pc.invert(pc.is_in(ids, value_set=pa.array(sorted(gone), pa.string()))))
+    return kept, len(ids) - len(kept)
+
+
+def exported_states(
+    log: CheckpointLog, source: Any, key_field: str, include_removed: bool
+) -> tuple[dict[str, ItemState], int]:
+    """The folds of the items :func:`exported_ids` names, all in memory (an in-memory dataset's read)."""
+    ids, removed = exported_ids(log, source, key_field, include_removed)
+    states: dict[str, ItemState] = {}
+    for part in state_batches(log, ids, EXPORT_BATCH_ITEMS):
+        states.update(part)
+    return states, removed
 
 
 def export_table(
@@ -391,21 +411,48 @@ def export_results(
     """
     _check_arguments(format, include_input, include_removed, include_blobs, source)
     _check_destination(destination_uri, storage_options, format)
-    states, removed = exported_states(log, source, key_field, include_removed)
+    ids, removed = exported_ids(log, source, key_field, include_removed)
+    batches: Iterator[dict[str, ItemState]] = state_batches(log, ids, EXPORT_BATCH_ITEMS)
+    inputs = None
+    if include_input:
+        # the inputs come from a whole read of the source (the log keeps fingerprints): one batch
+        whole = {iid: st for part in batches for iid, st in part.items()}
+        inputs = _inputs(source, key_field, whole, log.storage_options)
+        batches = iter([whole])
     if format == "parquet" and include_blobs:
+        batches = _parquet_checked(batches)
+    spilled = spill(batches, lambda st: _canonical(_fields(st)), lambda st: _fields(st, include_blobs), inputs)
+    try:
+        return _write(spilled, destination_uri, storage_options, format, include_blobs, include_input, removed)
+    finally:
+        spilled.discard()
+
+
+def _parquet_checked(batches: Iterator[dict[str, ItemState]]) -> Iterator[dict[str, ItemState]]:
+    for states in batches:
         _check_parquet_sizes(states)
-    fingerprint = results_fingerprint(_canonical(_fields(states)))
-    # the source is read as the plan read it: with the log's (the datagen connection's) storage options
-    inputs = _inputs(source, key_field, states, log.storage_options) if include_input else None
+        yield states
+
+
+def _write(
+    spilled: Spilled,
+    destination_uri: str,
+    storage_options: dict[str, str] | None,
+    fmt: str,
+    include_blobs: bool,
+    include_input: bool,
+    removed: int,
+) -> dict[str, Any]:
+    """Pass two of :func:`export_results`: nothing when the destination holds this export, else the write."""
     content = {
         "format": EXPORT_FORMAT,
-        "fingerprint": fingerprint,
-        "inputs": _inputs_digest(states) if include_input else None,
-        "rows": len(states),
+        "fingerprint": spilled.fingerprint,
+        "inputs": spilled.inputs_digest if include_input else None,
+        "rows": spilled.rows,
         "blobs": include_blobs,
     }
-    result = {"rows": len(states), "fingerprint": fingerprint, "removed": removed, "format": format}
-    stored = _stored(destination_uri, storage_options, format)
+    result = {"rows": spilled.rows, "fingerprint": spilled.fingerprint, "removed": removed, "format": fmt}
+    stored = _stored(destination_uri, storage_options, fmt)
     if stored is not None and all(stored.get(k) == v for k, v in content.items()):
         return {
             **result,
@@ -414,18 +461,26 @@ def export_results(
             "renamed_fields": dict(stored.get("renamed_fields", {})),
             "base64_fields": list(stored.get("base64_fields", [])),
         }
-    table, json_fields, renamed = export_table(states, inputs, include_blobs=include_blobs, fmt=format)
-    base64_fields = binary_columns(table) if format == "jsonl" else []
-    marker = {**content, "json_fields": json_fields, "renamed_fields": renamed, "base64_fields": base64_fields}
-    table = table.replace_schema_metadata({EXPORT_META_KEY: canonical_json(marker)})
-    if format in FILE_FORMATS:
-        write_files_export(table, destination_uri, storage_options, format, marker)
+    plan = layout(spilled)
+    schema = wide_binary(plan.schema.empty_table(), fmt).schema
+    base64_fields = binary_columns(schema.empty_table()) if fmt == "jsonl" else []
+    marker = {
+        **content,
+        "json_fields": plan.json_fields,
+        "renamed_fields": plan.renamed,
+        "base64_fields": base64_fields,
+    }
+    schema = schema.with_metadata({EXPORT_META_KEY: canonical_json(marker)})
+    tables = (wide_binary(t, fmt).cast(schema) for t in conformed(spilled, plan))
+    if fmt in FILE_FORMATS:
+        write_files_export(tables, schema, destination_uri, storage_options, fmt, marker)
     else:
-        write_results_dataset(table, destination_uri, storage_options=storage_options)
+        reader = pa.RecordBatchReader.from_batches(schema, (b for t in tables for b in t.to_batches()))
+        write_results_dataset(reader, destination_uri, storage_options=storage_options)
     return {
         **result,
         "changed": True,
-        "json_fields": json_fields,
-        "renamed_fields": renamed,
+        "json_fields": plan.json_fields,
+        "renamed_fields": plan.renamed,
         "base64_fields": base64_fields,
     }

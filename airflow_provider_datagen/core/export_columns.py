@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 RESERVED_COLUMNS: Final = ("item_id", "key", "input")
 #: Deeper types than this are exported as JSON text: Lance refuses schemas nested ~64 levels deep.
 MAX_TYPE_DEPTH: Final = 32
-_JSON_FIELD_META: Final = {"datagen_encoding": "json"}
+#: The field metadata of a column (or an input key) holding canonical JSON text.
+JSON_FIELD_META: Final = {"datagen_encoding": "json"}
 #: Lance stores a column with this field metadata out of line, so a scan of the others skips the bytes.
 LANCE_BLOB_META: Final = {b"lance-encoding:blob": b"true"}
 
@@ -100,7 +101,7 @@ def column_names(field_names: list[str]) -> dict[str, str]:
     return out
 
 
-def _typed_columns(
+def typed_columns(
     rows: list[Mapping[str, Any]], ids: list[str], what: str
 ) -> tuple[list[str], list[pa.Array], list[bool]]:
     names = sorted({k for r in rows for k in r})
@@ -112,6 +113,24 @@ def _typed_columns(
     return names, arrays, as_json
 
 
+def input_struct(inputs: list[Mapping[str, Any]], ids: list[str]) -> pa.StructArray:
+    """The ``input`` column: one child per input key, typed as a field's column is (or JSON text)."""
+    keys, children, child_json = typed_columns(inputs, ids, "input key")
+    child_fields = [
+        pa.field(k, a.type, metadata=dict(JSON_FIELD_META) if j else None)
+        for k, a, j in zip(keys, children, child_json, strict=True)
+    ]
+    if not keys:
+        return pa.nulls(len(ids), pa.struct([]))
+    return pa.StructArray.from_arrays(children, fields=child_fields)
+
+
+def input_json_keys(struct_type: pa.DataType) -> list[str]:
+    """``input.<key>`` of the input keys holding JSON text."""
+    meta = {k.encode(): v.encode() for k, v in JSON_FIELD_META.items()}
+    return [f"input.{f.name}" for f in struct_type if f.metadata == meta]
+
+
 def results_table(
     fields: Mapping[str, Mapping[str, Any]], inputs: Mapping[str, Mapping[str, Any]] | None = None
 ) -> tuple[pa.Table, list[str], dict[str, str]]:
@@ -120,13 +139,13 @@ def results_table(
     JSON columns are named as columns (an input's key as ``input.<key>``); renames map field -> column.
     """
     ids = sorted(fields)
-    names, arrays, as_json = _typed_columns([fields[i] for i in ids], ids, "field")
+    names, arrays, as_json = typed_columns([fields[i] for i in ids], ids, "field")
     columns = column_names(names)
     schema = [pa.field("item_id", pa.string(), nullable=False), pa.field("key", pa.string(), nullable=False)]
     data: list[pa.Array] = [pa.array(ids, pa.string()), pa.array([key_of(i) for i in ids], pa.string())]
     json_columns = []
     for name, arr, is_json in zip(names, arrays, as_json, strict=True):
-        meta = dict(_JSON_FIELD_META) if is_json else {}
+        meta = dict(JSON_FIELD_META) if is_json else {}
         if columns[name] != name:
             meta["datagen_field"] = name
         schema.append(pa.field(columns[name], arr.type, metadata=meta or None))
@@ -134,17 +153,10 @@ def results_table(
         if is_json:
             json_columns.append(columns[name])
     if inputs is not None:
-        keys, children, child_json = _typed_columns([inputs[i] for i in ids], ids, "input key")
-        child_fields = [
-            pa.field(k, a.type, metadata=dict(_JSON_FIELD_META) if j else None)
-            for k, a, j in zip(keys, children, child_json, strict=True)
-        ]
-        struct = (
-            pa.StructArray.from_arrays(children, fields=child_fields) if keys else pa.nulls(len(ids), pa.struct([]))
-        )
+        struct = input_struct([inputs[i] for i in ids], ids)
         schema.append(pa.field("input", struct.type))
         data.append(struct)
-        json_columns.extend(f"input.{k}" for k, j in zip(keys, child_json, strict=True) if j)
+        json_columns.extend(input_json_keys(struct.type))
     table = pa.Table.from_arrays(data, schema=pa.schema(schema))
     return table, json_columns, {f: c for f, c in columns.items() if f != c}
 

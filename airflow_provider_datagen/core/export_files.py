@@ -35,7 +35,7 @@ from airflow_provider_datagen.core.uri import has_scheme, is_local, local_path
 from airflow_provider_datagen.exceptions import InvalidNameError, LogWriteError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
 MANIFEST_NAME: Final = "_datagen_export.json"
 #: The bytes a Parquet row group (and a JSONL write) aims at; a part file's bound.
@@ -132,41 +132,80 @@ def _jsonl_chunks(table: pa.Table, rows: int) -> Iterator[bytes]:
         yield b"\n".join(lines) + b"\n" if lines else b""
 
 
-def _write_part(fs: pafs.FileSystem, tmp: str, table: pa.Table, format_name: str) -> None:
-    group = rows_per_group(table, ROW_GROUP_BYTES)
-    if format_name == "parquet":
-        with fs.open_output_stream(tmp) as sink, pq.ParquetWriter(sink, table.schema) as writer:
-            for start in range(0, max(table.num_rows, 1), group):
-                writer.write_table(table.slice(start, group), row_group_size=group)
-        return
-    with fs.open_output_stream(tmp) as sink:
-        for chunk in _jsonl_chunks(table, group):
-            sink.write(chunk)
+class _Parts:
+    """Part files being written: a new part once the current one holds :data:`FILE_BYTES`."""
+
+    def __init__(self, fs: pafs.FileSystem, path: str, schema: pa.Schema, format_name: str, token: str) -> None:
+        self.fs, self.path, self.schema, self.format_name, self.token = fs, path, schema, format_name, token
+        self.written: list[tuple[str, str]] = []  # (final name, temporary path)
+        self._sink: Any = None
+        self._writer: pq.ParquetWriter | None = None
+        self._bytes = 0
+
+    def _next(self) -> None:
+        self.close()
+        name = f"part-{len(self.written):05d}{_EXT[self.format_name]}"
+        tmp = f"{self.path}/.{name}.{self.token}.tmp"
+        self.written.append((name, tmp))
+        self._sink = self.fs.open_output_stream(tmp)
+        if self.format_name == "parquet":
+            self._writer = pq.ParquetWriter(self._sink, self.schema)
+        self._bytes = 0
+
+    def write(self, table: pa.Table) -> None:
+        if self._sink is None:
+            self._next()
+        per_file = rows_per_group(table, FILE_BYTES)
+        for start in range(0, table.num_rows, per_file):
+            part = table.slice(start, per_file)
+            if self._bytes and self._bytes + part.nbytes > FILE_BYTES:
+                self._next()
+            group = rows_per_group(part, ROW_GROUP_BYTES)
+            if self._writer is not None:
+                for at in range(0, part.num_rows, group):
+                    self._writer.write_table(part.slice(at, group), row_group_size=group)
+            else:
+                for chunk in _jsonl_chunks(part, group):
+                    self._sink.write(chunk)
+            self._bytes += part.nbytes
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
 
 
 def write_files_export(
-    table: pa.Table, uri: str, storage_options: dict[str, str] | None, format_name: str, marker: dict[str, Any]
+    tables: Iterable[pa.Table],
+    schema: pa.Schema,
+    uri: str,
+    storage_options: dict[str, str] | None,
+    format_name: str,
+    marker: dict[str, Any],
 ) -> list[str]:
-    """Write ``table`` as ``format_name`` part files under ``uri`` and the manifest; the part names written.
+    """Write ``tables`` (of ``schema``) as ``format_name`` part files under ``uri``, then the manifest; the parts.
 
     See the module's docstring for the order of writes that keeps a crash from showing a half export.
     """
     fs, path = filesystem(uri, storage_options)
-    ext = _EXT[format_name]
     token = uuid.uuid4().hex[:12]
-    per_file = rows_per_group(table, FILE_BYTES)
     try:
         fs.create_dir(path, recursive=True)
         old = _read_manifest(fs, path) or {}
-        written: list[tuple[str, str]] = []
-        for n, start in enumerate(range(0, max(table.num_rows, 1), per_file)):
-            name = f"part-{n:05d}{ext}"
-            tmp = f"{path}/.{name}.{token}.tmp"
-            _write_part(fs, tmp, table.slice(start, per_file), format_name)
-            written.append((name, tmp))
-        for name, tmp in written:
+        parts = _Parts(fs, path, schema, format_name, token)
+        try:
+            for table in tables:
+                parts.write(table)
+            if not parts.written:
+                parts.write(schema.empty_table())  # an empty export is one empty part
+        finally:
+            parts.close()
+        for name, tmp in parts.written:
             fs.move(tmp, f"{path}/{name}")
-        names = [name for name, _ in written]
+        names = [name for name, _ in parts.written]
         files = [{"name": n, "size": fs.get_file_info(f"{path}/{n}").size} for n in names]
         manifest = {"format_name": format_name, "files": files, "marker": marker}
         tmp = f"{path}/.{MANIFEST_NAME}.{token}.tmp"

@@ -176,3 +176,45 @@ def test_a_bytes_value_parquet_cannot_hold_is_refused(tmp_path: Path, monkeypatc
         export_results(log, str(tmp_path / "out"), format="parquet")
     assert not (tmp_path / "out").exists()
     assert export_results(log, str(tmp_path / "out"), format="parquet", include_blobs=False)["changed"]
+
+
+def _varied(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    n = item["n"]
+    out: dict[str, Any] = {
+        "late_str": n if n < 3 else f"s{n}",  # ints in the first batches, strings later: JSON text
+        "sparse": None if n < 2 else n,  # all null in the first batch: promoted to int64
+        "items": [] if n < 2 else [n],  # list<null> first, list<int64> later
+    }
+    if n == 4:
+        out["only_last"] = {"k": n}  # a field of one batch only
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["lance", "parquet", "jsonl"])
+def test_a_batched_export_equals_the_whole_table_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    log = open_log(tmp_path, "v")
+    run_items(log, ITEMS, _varied)
+    whole = export_results(log, str(tmp_path / "whole"), format=fmt)
+    monkeypatch.setattr(export_module, "EXPORT_BATCH_ITEMS", 2)  # batches of 2, 2 and 1 items
+    batched = export_results(log, str(tmp_path / "batched"), format=fmt)
+    assert batched == whole
+    assert whole["json_fields"] == ["late_str"] and whole["rows"] == 5
+
+    def read(dest: Path) -> list[dict[str, Any]]:
+        if fmt == "lance":
+            return list(lance.dataset(str(dest)).to_table().to_pylist())
+        if fmt == "parquet":
+            return list(read_files_export(str(dest)).to_pylist())
+        return _jsonl_rows(dest)
+
+    rows = read(tmp_path / "batched")
+    assert rows == read(tmp_path / "whole")
+    assert [r["late_str"] for r in rows] == ["0", "1", "2", '"s3"', '"s4"']
+    assert [r["sparse"] for r in rows] == [None, None, 2, 3, 4]
+    assert [r["items"] for r in rows] == [[], [], [2], [3], [4]]
+    assert [r["only_last"] for r in rows] == [None] * 4 + [{"k": 4}]
+    if fmt == "parquet":
+        schema = read_files_export(str(tmp_path / "batched")).schema
+        assert schema.field("sparse").type == pa.int64() and schema.field("items").type == pa.list_(pa.int64())
