@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
 #: Completed items folded and spilled per batch: a batch's events and folds are what the export holds
-#: in memory at a time (about 100 MB of Arrow and Python objects at this size; a scan of the log each).
-EXPORT_BATCH_ITEMS: Final = 20_000
+#: in memory at a time (tens of MB of Arrow and Python objects at this size; a scan of the log each).
+EXPORT_BATCH_ITEMS: Final = 10_000
 _SKIPPED_COLUMNS: Final = ("error_traceback", "error_message")
 #: Marks a spilled batch's column holding JSON text (its values had no one Arrow type in that batch).
 _SPILLED_JSON: Final = {b"spilled": b"json"}
