@@ -1,4 +1,5 @@
-"""Planning at size: fingerprint throughput, plan_resume at 200k/1M, and the streamed plan's RSS curve.
+"""Planning at size: fingerprint throughput, plan_resume at 200k/1M, the streamed plan's RSS curve, and
+the export's peak RSS per format (sizes up to 1M).
 
 ``python -m benchmarks.scale`` (``make bench-scale``; sizes with ``--sizes``, default 1M,3M,10M) builds
 a Parquet source of ~100-byte prompt rows and a log 95% done (about 4.9 events an item) per size, once:
@@ -92,6 +93,13 @@ elif what == "profile":
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
     out = {"profile": buf.getvalue()}
+elif what.startswith("export-"):
+    import shutil
+    from airflow_provider_datagen.core import export_results
+    fmt = what.split("-", 1)[1]
+    dest = os.path.join(root, "export_" + fmt)
+    shutil.rmtree(dest, ignore_errors=True)
+    out = {"rows": export_results(log, dest, format=fmt)["rows"]}
 elif what == "states":
     out = {"states_rows": log.states().num_rows}
 elif what == "scan":
@@ -152,6 +160,22 @@ def bench_size(n: int, profile: bool) -> dict[str, Any]:
         f"{row['states_warm']['peak_rss_mb']:.0f} MB | baselines: streamed Arrow scan of the source "
         f"{ss['s']:.2f} s (CPU {ss['cpu_s']:.2f} s, {ss['peak_rss_mb']:.0f} MB), light-column scan of the log "
         f"{lg['s']:.2f} s (CPU {lg['cpu_s']:.2f} s, {lg['peak_rss_mb']:.0f} MB)",
+        flush=True,
+    )
+    return row
+
+
+#: Sizes whose export (each format) is measured; the issue's bound: 1M items under 1 GiB RSS.
+EXPORT_MAX_ITEMS = 1_000_000
+
+
+def bench_export(n: int) -> dict[str, Any]:
+    """Peak RSS and time of ``export_results`` of the size-``n`` log, per format (a child process each)."""
+    root = build(n)
+    row = {fmt: child(root, n, f"export-{fmt}") for fmt in ("lance", "parquet", "jsonl")}
+    print(
+        f"  export of {n} items: "
+        + ", ".join(f"{fmt} {r['s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB" for fmt, r in row.items()),
         flush=True,
     )
     return row
@@ -275,6 +299,8 @@ def main() -> None:
     curve = results.setdefault("curve", {})
     for n in sizes:
         curve[str(n)] = bench_size(n, profile=n == max(sizes))
+        if n <= EXPORT_MAX_ITEMS:
+            results.setdefault("export", {})[str(n)] = bench_export(n)
         RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True))
     results["duration_s"] = time.perf_counter() - t
     RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True))

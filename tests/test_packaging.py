@@ -75,6 +75,7 @@ def test_the_example_dags_and_their_fakes_are_installed(wheel_files: set[str]) -
         "airflow_provider_datagen/example_dags/datagen_pipeline.py",
         "airflow_provider_datagen/example_dags/fakes.py",
         "airflow_provider_datagen/example_dags/datagen_llm.py",
+        "airflow_provider_datagen/example_dags/datagen_task_group.py",
         "airflow_provider_datagen/llm/__init__.py",
         "airflow_provider_datagen/llm/process.py",
     } <= wheel_files

@@ -69,14 +69,16 @@ def test_quick_start_dag_runs_as_written(
 
     assert run.state == "success", run.states()
     states = run.states()
-    assert [k for k in states if k[0] == "generate"] == [("generate", 0), ("generate", 1), ("generate", 2)]
+    # the task group's tasks, prefixed by its id
+    assert {k[0] for k in states} == {"qa.plan", "qa.generate", "qa.all_done", "qa.export"}
+    assert [k for k in states if k[0] == "qa.generate"] == [("qa.generate", 0), ("qa.generate", 1), ("qa.generate", 2)]
     assert set(states.values()) == {"success"}
     # the README's promise: mapped instances are named by their chunk's key range
-    labels = [ti.rendered_map_index for ti in run.task_instances() if ti.task_id == "generate"]
+    labels = [ti.rendered_map_index for ti in run.task_instances() if ti.task_id == "qa.generate"]
     assert labels == ["p000 … p099 (100 items)", "p100 … p199 (100 items)", "p200 … p229 (30 items)"]
-    status = run.xcom("all_done")
+    status = run.xcom("qa.all_done")
     assert (status["total"], status["completed"], status["pending"], status["failed_items"]) == (230, 230, 0, 0)
-    assert run.xcom("export")["rows"] == len(prompts)
+    assert run.xcom("qa.export")["rows"] == len(prompts)
     # every item invoked exactly once, on its first attempt
     invoked = collections.Counter(calls.read_text().splitlines())
     assert invoked == collections.Counter(f"{p['id']}\t1" for p in prompts)

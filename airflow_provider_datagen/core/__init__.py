@@ -99,6 +99,11 @@ _EXPORTS = {
     "status_of": "airflow_provider_datagen.core.planner",
 }
 
+# issue 29: the in-memory Hugging Face dataset (``datasets`` is the optional extra [hf])
+if TYPE_CHECKING:
+    from airflow_provider_datagen.core.hf import to_hf_dataset
+_EXPORTS["to_hf_dataset"] = "airflow_provider_datagen.core.hf"
+
 __all__ = [
     "DATAGEN_SCHEMA_VERSION",
     "Batch",
@@ -150,6 +155,7 @@ __all__ = [
     "run_items",
     "status_of",
 ]
+__all__ += ["to_hf_dataset"]
 
 
 def __getattr__(name: str) -> Any:

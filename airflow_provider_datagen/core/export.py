@@ -10,27 +10,52 @@ any order.
 Layout: ``item_id``, ``key``, one column per field (sorted by name), then ``input`` when asked for.
 A field's column has the Arrow type inferred from its values when that type holds every value exactly
 (read back, the column gives the same canonical JSON); otherwise (values of different types, an int
-among floats, dicts with different keys, ints beyond 64 bits, nesting deeper than
-:data:`MAX_TYPE_DEPTH`) it holds each value's canonical JSON text, and its Arrow field carries
-``datagen_encoding: json``. An item without the field, and a null value, read as null. A field named
-like one of :data:`RESERVED_COLUMNS`, or whose name holds a ``.`` (Lance refuses dots in column
-names), gets the column ``field_<name>`` (dots as ``_``; ``_2``, ``_3``... if that is taken too) and
-its Arrow field carries ``datagen_field: <name>``. The dataset's schema metadata ``datagen_export``
-records what was exported, so an unchanged export writes no new version.
+among floats, dicts with different keys, ints beyond 64 bits, nesting deeper than ``MAX_TYPE_DEPTH``)
+it holds each value's canonical JSON text, and its Arrow field carries ``datagen_encoding: json``.
+An item without the field, and a null value, read as null. A ``bytes`` value is its bytes in a
+``large_binary`` column (``include_blobs=False``: a ``{"$bytes_sha256", "size"}`` struct; the
+fingerprint digests that struct either way). A field named ``item_id``, ``key`` or ``input``, or
+whose name holds a ``.`` (Lance refuses dots in column names), gets the column ``field_<name>``
+(dots as ``_``; ``_2``, ``_3``... if that is taken too) and its Arrow field carries
+``datagen_field: <name>``. The dataset's schema metadata ``datagen_export`` records what was
+exported (a Parquet or JSONL export keeps it in its manifest), so an unchanged export writes no
+new version. The table is built in :mod:`~airflow_provider_datagen.core.export_columns`,
+part files are written by :mod:`~airflow_provider_datagen.core.export_files`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_datagen.core.events import BlobRef, canonical_json, canonical_source_json
+from airflow_provider_datagen.core.events import BlobRef, canonical_json
+from airflow_provider_datagen.core.export_columns import (
+    binary_columns,
+    results_table,
+    wide_binary,
+)
+from airflow_provider_datagen.core.export_files import (
+    PARQUET_MAX_VALUE_BYTES,
+    destination_kind,
+    files_marker,
+    write_files_export,
+)
+from airflow_provider_datagen.core.export_spec import FILE_FORMATS, FORMATS
+from airflow_provider_datagen.core.export_stream import (
+    EXPORT_BATCH_ITEMS,
+    Spilled,
+    conformed,
+    layout,
+    spill,
+    state_batches,
+)
 from airflow_provider_datagen.core.ids import key_of
+from airflow_provider_datagen.core.schema import VALUE_KIND_BYTES, ItemStatus
 from airflow_provider_datagen.core.source_scan import scan_batches
 from airflow_provider_datagen.core.sources import load_source, source_path
 from airflow_provider_datagen.core.store.lance_io import export_metadata, write_results_dataset
@@ -47,14 +72,9 @@ if TYPE_CHECKING:
     from airflow_provider_datagen.core.fold import ItemState
     from airflow_provider_datagen.core.store.log import CheckpointLog
 
-#: Columns the export writes itself; a field of one of these names is exported renamed.
-RESERVED_COLUMNS: Final = ("item_id", "key", "input")
-#: Deeper types than this are exported as JSON text: Lance refuses schemas nested ~64 levels deep.
-MAX_TYPE_DEPTH: Final = 32
 #: The schema metadata key recording what an export holds; :data:`EXPORT_FORMAT` versions its layout.
 EXPORT_META_KEY: Final = "datagen_export"
 EXPORT_FORMAT: Final = 2
-_JSON_FIELD_META: Final = {"datagen_encoding": "json"}
 _MISSING_FIX: Final = (
     "Nothing was exported. Check the pipeline and experiment names (the plan's and the generate task's) and "
     "the connection's root, or run the generation first"
@@ -64,23 +84,35 @@ _MISSING_FIX: Final = (
 Results = Mapping[str, str]
 
 
-def _materialize_one(value: Any) -> Any:
+def _materialize_one(value: Any, blobs: bool) -> Any:
     if isinstance(value, BlobRef):
-        loaded = value.load()
-        return {"$bytes_sha256": value.digest, "size": value.size} if isinstance(loaded, bytes) else loaded
+        if value.kind == VALUE_KIND_BYTES:
+            # the digest stands for the bytes in the fingerprint (it is their content address)
+            return value.load() if blobs else {"$bytes_sha256": value.digest, "size": value.size}
+        return value.load()
     return value
 
 
-def _materialize(value: Any) -> Any:
+def _materialize(value: Any, blobs: bool) -> Any:
     # A folded field is a value or (FIELD_APPEND) a list of values; blob refs sit at one of those two
     # levels only, so never recurse into the values themselves: they may nest as deep as JSON allows.
     if isinstance(value, list):
-        return [_materialize_one(v) for v in value]
-    return _materialize_one(value)
+        return [_materialize_one(v, blobs) for v in value]
+    return _materialize_one(value, blobs)
 
 
-def _fields(states: Mapping[str, ItemState]) -> dict[str, dict[str, Any]]:
-    return {iid: {k: _materialize(v) for k, v in st.fields.items()} for iid, st in states.items()}
+def _fields(states: Mapping[str, ItemState], blobs: bool = False) -> dict[str, dict[str, Any]]:
+    """Items' folded fields; a bytes value as its bytes with ``blobs``, else as its digest struct."""
+    return {iid: {k: _materialize(v, blobs) for k, v in st.fields.items()} for iid, st in states.items()}
+
+
+def _byte_sizes(states: Mapping[str, ItemState]) -> Iterator[tuple[str, str, int]]:
+    """(item id, field, size) of every bytes value (read from the log's rows: no blob is loaded)."""
+    for iid, st in states.items():
+        for name, value in st.fields.items():
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, BlobRef) and v.kind == VALUE_KIND_BYTES:
+                    yield iid, name, v.size
 
 
 def _canonical(fields: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
@@ -146,132 +178,6 @@ def require_experiment(log: CheckpointLog, *, fix: str = _MISSING_FIX) -> None:
     )
 
 
-# --- typed columns --------------------------------------------------------------------------------
-
-
-def _too_deep(t: pa.DataType) -> bool:
-    """Whether ``t`` nests deeper than :data:`MAX_TYPE_DEPTH` (looked at level by level, no recursion)."""
-    level = [t]
-    for _ in range(MAX_TYPE_DEPTH):
-        level = [c.field(i).type for c in level for i in range(c.num_fields)]
-        if not level:
-            return False
-    return True
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal values of the same types, recursively (``1 == 1.0`` in Python; not here)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(map(_same, a, b))
-    return bool(a == b)
-
-
-def _round_trips(values: list[Any], arr: pa.Array | pa.ChunkedArray) -> bool:
-    back = arr.to_pylist()
-    try:
-        return canonical_json(back) == canonical_json(values)
-    except InvalidValueError:  # source values JSON has no form for (times, decimals, bytes)
-        return _same(back, values)
-
-
-def _single(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
-    # pa.array answers a ChunkedArray when strings or bytes overflow 32-bit offsets (over 2 GiB).
-    if isinstance(arr, pa.Array):
-        return arr
-    if arr.type == pa.string():
-        arr = arr.cast(pa.large_string())
-    elif arr.type == pa.binary():
-        arr = arr.cast(pa.large_binary())
-    return arr.combine_chunks()
-
-
-def _column(values: list[Any], ids: list[str], what: str) -> tuple[pa.Array, bool]:
-    """The typed column of ``values``, or their canonical JSON text; True when it is JSON text."""
-    try:
-        arr: pa.Array | pa.ChunkedArray | None = pa.array(values)
-    except (pa.ArrowException, OverflowError, TypeError, ValueError):
-        arr = None  # no one Arrow type for these values
-    if arr is not None and not _too_deep(arr.type) and _round_trips(values, arr):
-        return _single(arr), False
-    # canonical_source_json is canonical_json for JSON types; an input value JSON has no form for (a
-    # datetime, a Decimal, bytes) takes the tagged text of source values (decode_source_json reads it)
-    text = [
-        None if v is None else canonical_source_json(v, what=f"{what} of item {i!r}")
-        for i, v in zip(ids, values, strict=True)
-    ]
-    return _single(pa.array(text, pa.string())), True
-
-
-def column_names(field_names: list[str]) -> dict[str, str]:
-    """Field name -> column name (see the module's docstring for the rule); deterministic."""
-    taken = set(RESERVED_COLUMNS) | {f for f in field_names if f not in RESERVED_COLUMNS and "." not in f}
-    out: dict[str, str] = {}
-    for name in sorted(field_names):
-        if name in taken and name not in RESERVED_COLUMNS:
-            out[name] = name
-            continue
-        base = ("field_" + name if name in RESERVED_COLUMNS else name).replace(".", "_")
-        column, n = base, 2
-        while column in taken:
-            column, n = f"{base}_{n}", n + 1
-        taken.add(column)
-        out[name] = column
-    return out
-
-
-def _typed_columns(
-    rows: list[Mapping[str, Any]], ids: list[str], what: str
-) -> tuple[list[str], list[pa.Array], list[bool]]:
-    names = sorted({k for r in rows for k in r})
-    arrays, as_json = [], []
-    for name in names:
-        arr, is_json = _column([r.get(name) for r in rows], ids, f"{what} {name!r}")
-        arrays.append(arr)
-        as_json.append(is_json)
-    return names, arrays, as_json
-
-
-def results_table(
-    fields: Mapping[str, Mapping[str, Any]], inputs: Mapping[str, Mapping[str, Any]] | None = None
-) -> tuple[pa.Table, list[str], dict[str, str]]:
-    """The export table of items' ``fields`` (and ``inputs``), by item id; its JSON columns and renames.
-
-    JSON columns are named as columns (an input's key as ``input.<key>``); renames map field -> column.
-    """
-    ids = sorted(fields)
-    names, arrays, as_json = _typed_columns([fields[i] for i in ids], ids, "field")
-    columns = column_names(names)
-    schema = [pa.field("item_id", pa.string(), nullable=False), pa.field("key", pa.string(), nullable=False)]
-    data: list[pa.Array] = [pa.array(ids, pa.string()), pa.array([key_of(i) for i in ids], pa.string())]
-    json_columns = []
-    for name, arr, is_json in zip(names, arrays, as_json, strict=True):
-        meta = dict(_JSON_FIELD_META) if is_json else {}
-        if columns[name] != name:
-            meta["datagen_field"] = name
-        schema.append(pa.field(columns[name], arr.type, metadata=meta or None))
-        data.append(arr)
-        if is_json:
-            json_columns.append(columns[name])
-    if inputs is not None:
-        keys, children, child_json = _typed_columns([inputs[i] for i in ids], ids, "input key")
-        child_fields = [
-            pa.field(k, a.type, metadata=dict(_JSON_FIELD_META) if j else None)
-            for k, a, j in zip(keys, children, child_json, strict=True)
-        ]
-        struct = (
-            pa.StructArray.from_arrays(children, fields=child_fields) if keys else pa.nulls(len(ids), pa.struct([]))
-        )
-        schema.append(pa.field("input", struct.type))
-        data.append(struct)
-        json_columns.extend(f"input.{k}" for k, j in zip(keys, child_json, strict=True) if j)
-    table = pa.Table.from_arrays(data, schema=pa.schema(schema))
-    return table, json_columns, {f: c for f, c in columns.items() if f != c}
-
-
 # --- the export -----------------------------------------------------------------------------------
 
 
@@ -302,13 +208,6 @@ def _inputs(
             "were generated from",
         )
     return {i: by_id[i].data for i in ids}
-
-
-def _inputs_digest(states: Mapping[str, ItemState]) -> str:
-    h = hashlib.sha256()
-    for iid in sorted(states):
-        h.update(f"{iid}\x1f{states[iid].input_fingerprint}\n".encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
 
 
 def _stored_marker(destination_uri: str, storage_options: dict[str, str] | None) -> dict[str, Any] | None:
@@ -359,36 +258,64 @@ def _left_out(
     return set(pc.filter(done, pc.invert(pc.is_in(done, value_set=held))).to_pylist())
 
 
-def export_results(
-    log: CheckpointLog,
-    destination_uri: str,
-    *,
-    storage_options: dict[str, str] | None = None,
-    include_input: bool = False,
-    source: Any = None,
-    key_field: str = "id",
-    include_removed: bool = False,
-) -> dict[str, Any]:
-    """Write completed items' folded fields, one typed column each, ordered by item id, to a Lance dataset.
+def exported_ids(log: CheckpointLog, source: Any, key_field: str, include_removed: bool) -> tuple[pa.Array, int]:
+    """The ids (sorted) of the completed root items an export holds (see :func:`export_results`), and how
+    many completed items were left out.
 
-    Only the items of the experiment's current source are exported: the one the last plan recorded,
-    or ``source`` when given. A completed item whose row was deleted from the source is left out
-    (counted in ``removed``); ``include_removed=True`` exports every completed item. An experiment
-    whose plans recorded no source exports every completed item.
-
-    :param include_input: add each item's source input as a struct column ``input``; the log keeps
-        only input fingerprints, so ``source`` (and ``key_field``) must give the items they were
-        generated from.
-    :raises ExperimentNotFoundError: the experiment has no log (nothing is written).
-
-    Returns ``{"rows", "fingerprint", "changed", "json_fields", "renamed_fields", "removed"}``: equal
-    results give equal fingerprints; ``changed`` is False when the destination already held this very
-    export (then nothing is written); ``json_fields`` lists the columns holding JSON text,
-    ``renamed_fields`` maps a field to its column when they differ; ``removed`` is how many completed
-    items were left out because the source no longer holds them.
+    :raises ExperimentNotFoundError: the experiment has no log.
     """
-    if not isinstance(include_input, bool):
-        raise bad_argument("export_results", "include_input", include_input, "is not a bool", "pass True or False")
+    require_experiment(log)
+    states = log.states()
+    if states.num_rows == 0:
+        return pa.array([], pa.string()), 0
+    done = states.filter(
+        pc.and_(
+            pc.equal(states["status"], ItemStatus.COMPLETED.value),
+            pc.equal(pc.count_substring(states["item_id"], "/"), 0),
+        )
+    )["item_id"]
+    ids = done.take(pc.sort_indices(done))
+    gone = _left_out(log, ids.to_pylist(), source, key_field, include_removed)
+    if not gone:
+        return ids, 0
+    kept = pc.filter(ids, pc.invert(pc.is_in(ids, value_set=pa.array(sorted(gone), pa.string()))))
+    return kept, len(ids) - len(kept)
+
+
+def exported_states(
+    log: CheckpointLog, source: Any, key_field: str, include_removed: bool
+) -> tuple[dict[str, ItemState], int]:
+    """The folds of the items :func:`exported_ids` names, all in memory (an in-memory dataset's read)."""
+    ids, removed = exported_ids(log, source, key_field, include_removed)
+    states: dict[str, ItemState] = {}
+    for part in state_batches(log, ids, EXPORT_BATCH_ITEMS):
+        states.update(part)
+    return states, removed
+
+
+def export_table(
+    states: Mapping[str, ItemState], inputs: Mapping[str, Mapping[str, Any]] | None, *, include_blobs: bool, fmt: str
+) -> tuple[pa.Table, list[str], dict[str, str]]:
+    """The export table of ``states`` in ``fmt``'s layout, its JSON columns and renames (no marker)."""
+    table, json_fields, renamed = results_table(_fields(states, blobs=include_blobs), inputs)
+    return wide_binary(table, fmt), json_fields, renamed
+
+
+def items_inputs(
+    source: Any, key_field: str, states: Mapping[str, ItemState], log: CheckpointLog
+) -> dict[str, dict[str, Any]]:
+    """The source inputs of the exported items, read as the plan read them (the log's storage options)."""
+    return _inputs(source, key_field, states, log.storage_options)
+
+
+def _check_arguments(fmt: Any, include_input: Any, include_removed: Any, include_blobs: Any, source: Any) -> None:
+    if fmt not in FORMATS:
+        raise bad_argument(
+            "export_results", "format", fmt, "is not an export format", f"pass one of {', '.join(map(repr, FORMATS))}"
+        )
+    for param, value in (("include_input", include_input), ("include_blobs", include_blobs)):
+        if not isinstance(value, bool):
+            raise bad_argument("export_results", param, value, "is not a bool", "pass True or False")
     if not isinstance(include_removed, bool):
         raise bad_argument(
             "export_results",
@@ -405,43 +332,155 @@ def export_results(
             "needs the items' inputs, and the log keeps only their fingerprints",
             "pass source= and key_field= as given to the plan, or include_input=False",
         )
-    require_experiment(log)
-    states = log.completed_root_states()
-    gone = _left_out(log, list(states), source, key_field, include_removed)
-    removed = 0
-    if gone:
-        kept = {i: st for i, st in states.items() if i not in gone}
-        removed = len(states) - len(kept)
-        states = kept
-    fields = _fields(states)
-    fingerprint = results_fingerprint(_canonical(fields))
-    # the source is read as the plan read it: with the log's (the datagen connection's) storage options
-    inputs = _inputs(source, key_field, states, log.storage_options) if include_input else None
+
+
+def _check_destination(destination_uri: str, storage_options: dict[str, str] | None, fmt: str) -> None:
+    """Refuse a destination holding another format's export (or, for a file format, other files)."""
+    kind = destination_kind(destination_uri, storage_options)
+    if kind is None or kind == fmt or (fmt == "lance" and kind == "other"):
+        return
+    held = "files that are no datagen export" if kind == "other" else f"a {kind} export"
+    raise bad_argument(
+        "export_results",
+        "destination",
+        destination_uri,
+        f"holds {held}, not a {fmt} one",
+        f"pass format={kind!r} to update it, or export to another (new or empty) destination"
+        if kind != "other"
+        else "export to a new or empty folder",
+    )
+
+
+def _check_parquet_sizes(states: Mapping[str, ItemState]) -> None:
+    for iid, name, size in _byte_sizes(states):
+        if size > PARQUET_MAX_VALUE_BYTES:
+            raise bad_argument(
+                "export_results",
+                "format",
+                "parquet",
+                f"cannot hold field {name!r} of item {iid!r}: {size} bytes, over Parquet's "
+                f"{PARQUET_MAX_VALUE_BYTES} per value",
+                "export with format='lance' (blob-encoded bytes) or include_blobs=False (their digests)",
+            )
+
+
+def _stored(destination_uri: str, storage_options: dict[str, str] | None, fmt: str) -> dict[str, Any] | None:
+    if fmt == "lance":
+        return _stored_marker(destination_uri, storage_options)
+    return files_marker(destination_uri, storage_options, fmt)
+
+
+def export_results(
+    log: CheckpointLog,
+    destination_uri: str,
+    *,
+    storage_options: dict[str, str] | None = None,
+    include_input: bool = False,
+    source: Any = None,
+    key_field: str = "id",
+    include_removed: bool = False,
+    format: str = "lance",
+    include_blobs: bool = True,
+) -> dict[str, Any]:
+    """Write completed items' folded fields, one typed column each, ordered by item id, to ``destination_uri``.
+
+    ``format="lance"`` writes a Lance dataset; ``"parquet"`` and ``"jsonl"`` write part files and a
+    manifest under the destination folder (see :mod:`~airflow_provider_datagen.core.export_files`).
+    The columns and the fingerprint are the same in every format. Only the items of the experiment's
+    current source are exported: the one the last plan recorded, or ``source`` when given. A
+    completed item whose row was deleted from the source is left out (counted in ``removed``);
+    ``include_removed=True`` exports every completed item. An experiment whose plans recorded no
+    source exports every completed item.
+
+    :param include_input: add each item's source input as a struct column ``input``; the log keeps
+        only input fingerprints, so ``source`` (and ``key_field``) must give the items they were
+        generated from.
+    :param format: ``"lance"``, ``"parquet"`` or ``"jsonl"``.
+    :param include_blobs: export a ``bytes`` field as a binary column of its bytes (Lance: blob-encoded
+        ``large_binary``; Parquet: ``large_binary``; JSONL: base64 text, named in ``base64_fields``);
+        False exports each as ``{"$bytes_sha256", "size"}``.
+    :raises ExperimentNotFoundError: the experiment has no log (nothing is written).
+    :raises ConfigurationError: an unknown format, a destination holding another format, a bytes value
+        Parquet cannot hold (nothing is written).
+
+    Returns ``{"rows", "fingerprint", "changed", "json_fields", "renamed_fields", "removed", "format",
+    "base64_fields"}``: equal results give equal fingerprints; ``changed`` is False when the destination
+    already held this very export (then nothing is written); ``json_fields`` lists the columns holding
+    JSON text, ``renamed_fields`` maps a field to its column when they differ; ``removed`` is how many
+    completed items were left out because the source no longer holds them.
+    """
+    _check_arguments(format, include_input, include_removed, include_blobs, source)
+    _check_destination(destination_uri, storage_options, format)
+    ids, removed = exported_ids(log, source, key_field, include_removed)
+    batches: Iterator[dict[str, ItemState]] = state_batches(log, ids, EXPORT_BATCH_ITEMS)
+    inputs = None
+    if include_input:
+        # the inputs come from a whole read of the source (the log keeps fingerprints): one batch
+        whole = {iid: st for part in batches for iid, st in part.items()}
+        inputs = _inputs(source, key_field, whole, log.storage_options)
+        batches = iter([whole])
+    if format == "parquet" and include_blobs:
+        batches = _parquet_checked(batches)
+    spilled = spill(batches, lambda st: _canonical(_fields(st)), lambda st: _fields(st, include_blobs), inputs)
+    try:
+        return _write(spilled, destination_uri, storage_options, format, include_blobs, include_input, removed)
+    finally:
+        spilled.discard()
+
+
+def _parquet_checked(batches: Iterator[dict[str, ItemState]]) -> Iterator[dict[str, ItemState]]:
+    for states in batches:
+        _check_parquet_sizes(states)
+        yield states
+
+
+def _write(
+    spilled: Spilled,
+    destination_uri: str,
+    storage_options: dict[str, str] | None,
+    fmt: str,
+    include_blobs: bool,
+    include_input: bool,
+    removed: int,
+) -> dict[str, Any]:
+    """Pass two of :func:`export_results`: nothing when the destination holds this export, else the write."""
     content = {
         "format": EXPORT_FORMAT,
-        "fingerprint": fingerprint,
-        "inputs": _inputs_digest(states) if include_input else None,
-        "rows": len(fields),
+        "fingerprint": spilled.fingerprint,
+        "inputs": spilled.inputs_digest if include_input else None,
+        "rows": spilled.rows,
+        "blobs": include_blobs,
     }
-    stored = _stored_marker(destination_uri, storage_options)
+    result = {"rows": spilled.rows, "fingerprint": spilled.fingerprint, "removed": removed, "format": fmt}
+    stored = _stored(destination_uri, storage_options, fmt)
     if stored is not None and all(stored.get(k) == v for k, v in content.items()):
         return {
-            "rows": len(fields),
-            "fingerprint": fingerprint,
+            **result,
             "changed": False,
             "json_fields": list(stored.get("json_fields", [])),
             "renamed_fields": dict(stored.get("renamed_fields", {})),
-            "removed": removed,
+            "base64_fields": list(stored.get("base64_fields", [])),
         }
-    table, json_fields, renamed = results_table(fields, inputs)
-    marker = {**content, "json_fields": json_fields, "renamed_fields": renamed}
-    table = table.replace_schema_metadata({EXPORT_META_KEY: canonical_json(marker)})
-    write_results_dataset(table, destination_uri, storage_options=storage_options)
+    plan = layout(spilled)
+    schema = wide_binary(plan.schema.empty_table(), fmt).schema
+    base64_fields = binary_columns(schema.empty_table()) if fmt == "jsonl" else []
+    marker = {
+        **content,
+        "json_fields": plan.json_fields,
+        "renamed_fields": plan.renamed,
+        "base64_fields": base64_fields,
+    }
+    schema = schema.with_metadata({EXPORT_META_KEY: canonical_json(marker)})
+    tables = (wide_binary(t, fmt).cast(schema) for t in conformed(spilled, plan))
+    if fmt in FILE_FORMATS:
+        write_files_export(tables, schema, destination_uri, storage_options, fmt, marker)
+    else:
+        reader = pa.RecordBatchReader.from_batches(schema, (b for t in tables for b in t.to_batches()))
+        write_results_dataset(reader, destination_uri, storage_options=storage_options)
     return {
-        "rows": len(fields),
-        "fingerprint": fingerprint,
+        **result,
         "changed": True,
-        "json_fields": json_fields,
-        "renamed_fields": renamed,
-        "removed": removed,
+        "json_fields": plan.json_fields,
+        "renamed_fields": plan.renamed,
+        "base64_fields": base64_fields,
     }

@@ -13,6 +13,7 @@ from airflow.sdk import BaseOperator
 from airflow_provider_datagen._arguments import bad_argument, check_name_argument
 from airflow_provider_datagen.core.chunk_spec import ChunkSpec
 from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
+from airflow_provider_datagen.experiment import DatagenExperiment, resolve_names
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.links import DatagenStatusLink
 
@@ -97,9 +98,16 @@ class DatagenBaseOperator(BaseOperator):
     ui_color = "#e8f4ea"
 
     def __init__(
-        self, *, pipeline: str, experiment: str, datagen_conn_id: str = DatagenHook.default_conn_name, **kwargs: Any
+        self,
+        *,
+        pipeline: str | None = None,
+        experiment: str | DatagenExperiment,
+        datagen_conn_id: str | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # experiment= may be the DatagenExperiment declaring the names: the attributes hold its strings
+        pipeline, experiment, datagen_conn_id = resolve_names(self, experiment, pipeline, datagen_conn_id)
         self.pipeline = check_name_argument(self, "pipeline", pipeline)
         self.experiment = check_name_argument(self, "experiment", experiment)
         self.datagen_conn_id = datagen_conn_id

@@ -13,7 +13,7 @@ from airflow_provider_datagen._arguments import bad_argument
 # light modules (no Lance, pyarrow or numpy): DAG parsing may import them
 from airflow_provider_datagen.core.batch.cancel import cancel_each
 from airflow_provider_datagen.exceptions import BatchAPIError, ItemsFailedError
-from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.experiment import DatagenExperiment, resolve_version
 from airflow_provider_datagen.operators.base import (
     REPORT_XCOM_KEY,
     DatagenChunkOperator,
@@ -137,8 +137,10 @@ class DatagenBatchOperator(DatagenChunkOperator):
     anything is open. Items that failed are recorded and the task fails at the end naming them, as the
     map task does: clearing it resubmits only those.
 
-    :param pipeline: pipeline name; must match the plan's.
-    :param experiment: experiment name; must match the plan's.
+    :param pipeline: pipeline name; must match the plan's. Not needed when ``experiment`` is a ``DatagenExperiment``.
+    :param experiment: experiment name; must match the plan's. Or a
+        :class:`~airflow_provider_datagen.experiment.DatagenExperiment`: then ``pipeline``,
+        ``datagen_conn_id`` (and ``processor_version``) come from it, and an explicit different one is an error.
     :param process: the batch step of :func:`~airflow_provider_datagen.llm.batch.step.llm_batch` or its
         ``"package.module:name"`` path (imported on the worker).
     :param processor_version: version of ``process``. Mapped over a plan, the chunk carries the plan's
@@ -193,8 +195,8 @@ class DatagenBatchOperator(DatagenChunkOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
-        experiment: str,
+        pipeline: str | None = None,
+        experiment: str | DatagenExperiment,
         process: Any,
         processor_version: str | None = None,
         redo_completed: str | None = None,
@@ -206,9 +208,10 @@ class DatagenBatchOperator(DatagenChunkOperator):
         budget_tokens: int | None = None,
         poll_interval: float = 60.0,
         deferrable: bool = True,
-        datagen_conn_id: str = DatagenHook.default_conn_name,
+        datagen_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        processor_version = resolve_version(self, experiment, processor_version, None)
         if kwargs.get("map_index_template") is None:
             kwargs["map_index_template"] = self._MAP_INDEX_TEMPLATE
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)

@@ -13,17 +13,20 @@ from airflow_provider_datagen._arguments import (
     check_non_empty_str,
     is_template,
 )
+from airflow_provider_datagen.core.export_spec import FORMATS
 from airflow_provider_datagen.core.uri import has_scheme
-from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import DatagenBaseOperator, folded_status
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_datagen.experiment import DatagenExperiment
+
 
 class DatagenExportOperator(DatagenBaseOperator):
     """
-    Export the folded fields of completed items to a Lance dataset and fingerprint it.
+    Export the folded fields of completed items to a Lance dataset (or Parquet or JSON Lines files) and
+    fingerprint it.
 
     Columns: ``item_id``, ``key``, one typed column per field (Arrow types inferred from the values;
     a field whose values do not share one type is a column of JSON text, named in the task log and
@@ -36,19 +39,25 @@ class DatagenExportOperator(DatagenBaseOperator):
     new version and emits no asset event. Only the items of the experiment's current source are
     exported (the source the last plan recorded, or ``source``): completed items whose rows were
     deleted from it are left out and counted in ``removed``. Returns ``{"rows", "fingerprint",
-    "changed", "json_fields", "renamed_fields", "removed"}``; equal results give equal fingerprints whatever history
-    (failures, crashes, reruns) produced them. Fails with
+    "changed", "json_fields", "renamed_fields", "removed", "format", "base64_fields"}``; equal results
+    give equal fingerprints whatever history (failures, crashes, reruns) produced them. Fails with
     :class:`~airflow_provider_datagen.exceptions.ExperimentNotFoundError` when the experiment has no
     log (a misspelt name), writing nothing.
 
-    :param pipeline: pipeline name.
-    :param experiment: experiment name.
+    :param pipeline: pipeline name. Not needed when ``experiment`` is a ``DatagenExperiment``.
+    :param experiment: experiment name. Or a
+        :class:`~airflow_provider_datagen.experiment.DatagenExperiment`: then ``pipeline``,
+        ``datagen_conn_id`` (and ``processor_version``) come from it, and an explicit different one is an error.
     :param destination: absolute path or URI of the export dataset (overwritten when it changes).
     :param include_input: add each item's source input as a struct column ``input``; needs ``source``.
     :param source: the source whose items to export, instead of the one the last plan recorded (its
         ids are read); with ``include_input=True``, needed: the log keeps input fingerprints, not inputs.
     :param key_field: the key field of ``source``.
     :param include_removed: export every completed item, also those the source no longer holds.
+    :param format: ``"lance"`` (a Lance dataset), ``"parquet"`` or ``"jsonl"`` (part files and a manifest
+        under the destination folder); the columns and the fingerprint are the same in each.
+    :param include_blobs: export ``bytes`` fields as binary columns of their bytes (base64 text in JSONL,
+        named in ``base64_fields``); False exports each as ``{"$bytes_sha256", "size"}``.
     :param datagen_conn_id: connection of type ``datagen``; its storage options apply to the
         destination too.
     """
@@ -58,14 +67,16 @@ class DatagenExportOperator(DatagenBaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
-        experiment: str,
+        pipeline: str | None = None,
+        experiment: str | DatagenExperiment,
         destination: str,
         include_input: bool = False,
         source: Any = None,
         key_field: str = "id",
         include_removed: bool = False,
-        datagen_conn_id: str = DatagenHook.default_conn_name,
+        format: str = "lance",
+        include_blobs: bool = True,
+        datagen_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         if not isinstance(destination, (str, os.PathLike)) or not os.fspath(destination):
@@ -86,6 +97,12 @@ class DatagenExportOperator(DatagenBaseOperator):
                 "is not a bool",
                 "pass True to export completed items the source no longer holds too, False for the source's only",
             )
+        if format not in FORMATS:
+            raise bad_argument(
+                self, "format", format, "is not an export format", f"pass one of {', '.join(map(repr, FORMATS))}"
+            )
+        if not isinstance(include_blobs, bool):
+            raise bad_argument(self, "include_blobs", include_blobs, "is not a bool", "pass True or False")
         if include_input and source is None:
             raise bad_argument(
                 self,
@@ -106,6 +123,8 @@ class DatagenExportOperator(DatagenBaseOperator):
         self.destination = destination
         self.include_input = include_input
         self.include_removed = include_removed
+        self.format = format
+        self.include_blobs = include_blobs
         self.source = list(source) if isinstance(source, tuple) else source
         self.key_field = check_non_empty_str(self, "key_field", key_field, "name the field holding each item's key")
 
@@ -122,6 +141,8 @@ class DatagenExportOperator(DatagenBaseOperator):
             source=self.source,
             key_field=self.key_field,
             include_removed=self.include_removed,
+            format=self.format,
+            include_blobs=self.include_blobs,
         )
         if result["removed"]:
             self.log.info(

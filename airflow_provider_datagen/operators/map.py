@@ -12,10 +12,10 @@ from airflow_provider_datagen._arguments import (
     bad_argument,
     check_positive_int,
 )
+from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedError
 
 # a light module (no Lance, pyarrow or numpy): DAG parsing may import it
-from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedError
-from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.experiment import DatagenExperiment, resolve_version
 from airflow_provider_datagen.operators.base import (
     REPORT_XCOM_KEY,
     DatagenChunkOperator,
@@ -104,8 +104,10 @@ class DatagenMapOperator(DatagenChunkOperator):
     so a zombie attempt is fenced. Failed items are recorded in the log and the task fails at the
     end naming them: clearing it reruns only what is pending.
 
-    :param pipeline: pipeline name; must match the plan's.
-    :param experiment: experiment name; must match the plan's.
+    :param pipeline: pipeline name; must match the plan's. Not needed when ``experiment`` is a ``DatagenExperiment``.
+    :param experiment: experiment name; must match the plan's. Or a
+        :class:`~airflow_provider_datagen.experiment.DatagenExperiment`: then ``pipeline``,
+        ``datagen_conn_id`` (and ``processor_version``) come from it, and an explicit different one is an error.
     :param process: ``"package.module:function"``, a callable ``fn(item, ctx) -> dict | None`` or a
         step pipeline (``Sequence``, ``Loop``, ``MapReduce``, ...).
     :param processor_version: version of ``process``. Mapped over a plan, the chunk carries the plan's
@@ -184,8 +186,8 @@ class DatagenMapOperator(DatagenChunkOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
-        experiment: str,
+        pipeline: str | None = None,
+        experiment: str | DatagenExperiment,
         process: Any,
         processor_version: str | None = None,
         redo_completed: str | None = None,
@@ -202,9 +204,10 @@ class DatagenMapOperator(DatagenChunkOperator):
         budget_usd: float | None = None,
         budget_tokens: int | None = None,
         max_repeated_failures: int | None = 5,
-        datagen_conn_id: str = DatagenHook.default_conn_name,
+        datagen_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        processor_version = resolve_version(self, experiment, processor_version, None)
         if kwargs.get("map_index_template") is None:
             kwargs["map_index_template"] = self._MAP_INDEX_TEMPLATE
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)

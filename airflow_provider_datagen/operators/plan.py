@@ -10,7 +10,7 @@ from airflow_provider_datagen._arguments import (
     check_absolute_path,
     check_non_empty_str,
 )
-from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.experiment import DatagenExperiment, resolve_version
 from airflow_provider_datagen.operators.base import DatagenBaseOperator
 
 if TYPE_CHECKING:
@@ -32,8 +32,11 @@ class DatagenPlanOperator(DatagenBaseOperator):
     mapped task is skipped. Inline sources are snapshotted once next to the log so mapped workers read
     the very items that were planned.
 
-    :param pipeline: pipeline name (a directory under ``datagen_checkpoints/``).
-    :param experiment: experiment name; one event log per pipeline/experiment.
+    :param pipeline: pipeline name (a directory under ``datagen_checkpoints/``). Not needed when
+        ``experiment`` is a ``DatagenExperiment``.
+    :param experiment: experiment name; one event log per pipeline/experiment. Or a
+        :class:`~airflow_provider_datagen.experiment.DatagenExperiment`: then ``pipeline``,
+        ``datagen_conn_id`` (and ``processor_version``) come from it, and an explicit different one is an error.
     :param source: a list of dicts, or a path/URI to a ``.jsonl``, ``.parquet`` or ``.lance`` source.
     :param key_field: the field holding each item's unique source key.
     :param chunk_size: items per mapped task instance (grown if the chunks would exceed
@@ -59,18 +62,19 @@ class DatagenPlanOperator(DatagenBaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
-        experiment: str,
+        pipeline: str | None = None,
+        experiment: str | DatagenExperiment,
         source: Any,
         key_field: str = "id",
         chunk_size: int = 100,
-        processor_version: str = "v1",
+        processor_version: str | None = None,
         redo_completed: str = "never",
         budget_usd: float | None = None,
         budget_tokens: int | None = None,
-        datagen_conn_id: str = DatagenHook.default_conn_name,
+        datagen_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        processor_version = resolve_version(self, experiment, processor_version, "v1")
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
         self.budget_usd, self.budget_tokens = check_budget_arguments(self, budget_usd, budget_tokens)
         self.redo_completed = check_redo_completed_argument(self, redo_completed)

@@ -14,7 +14,7 @@ from airflow_provider_datagen.exceptions import (
     TooManyFailedItemsError,
     UsageLimitExceededError,
 )
-from airflow_provider_datagen.hooks.datagen import DatagenHook
+from airflow_provider_datagen.experiment import DatagenExperiment, resolve_names
 from airflow_provider_datagen.links import DatagenStatusLink
 from airflow_provider_datagen.operators.datagen import STATUS_XCOM_KEY
 from airflow_provider_datagen.triggers.datagen import DatagenStatusTrigger
@@ -31,8 +31,10 @@ class DatagenStatusSensor(BaseSensorOperator):
     Works in ``poke``, ``reschedule`` and deferrable modes (the latter through
     :class:`~airflow_provider_datagen.triggers.datagen.DatagenStatusTrigger`).
 
-    :param pipeline: pipeline name.
-    :param experiment: experiment name.
+    :param pipeline: pipeline name. Not needed when ``experiment`` is a ``DatagenExperiment``.
+    :param experiment: experiment name. Or a
+        :class:`~airflow_provider_datagen.experiment.DatagenExperiment`: then ``pipeline``,
+        ``datagen_conn_id`` (and ``processor_version``) come from it, and an explicit different one is an error.
     :param condition: ``"all_done"`` (every item completed or filtered), ``"no_pending"``,
         ``"no_failures"``, or a callable ``f(status) -> bool`` (poke/reschedule modes only).
     :param source: optional source (list or path/URI); its never-started items count as pending.
@@ -60,8 +62,8 @@ class DatagenStatusSensor(BaseSensorOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
-        experiment: str,
+        pipeline: str | None = None,
+        experiment: str | DatagenExperiment,
         condition: Any = "all_done",
         source: Any = None,
         key_field: str = "id",
@@ -70,10 +72,11 @@ class DatagenStatusSensor(BaseSensorOperator):
         max_cost_usd: float | None = None,
         max_tokens: int | None = None,
         deferrable: bool = False,
-        datagen_conn_id: str = DatagenHook.default_conn_name,
+        datagen_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        pipeline, experiment, datagen_conn_id = resolve_names(self, experiment, pipeline, datagen_conn_id)
         watch = StatusWatch(
             pipeline=pipeline,
             experiment=experiment,

@@ -119,3 +119,28 @@ def test_an_unchanged_export_writes_no_version_and_emits_no_asset_event(
     assert third.xcom("export")["fingerprint"] == exported["fingerprint"]
     assert lance.dataset(dest).version == 2 and _asset_events(third) == 1
     assert lance.dataset(dest).to_table()["input"].to_pylist() == items
+
+
+def test_a_parquet_export_announces_only_a_change(
+    run_dag_file: Callable[..., Any], tmp_path: Path, calls: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    dag = ops_dag(
+        "ops_pq",
+        tmp_path,
+        source=sample_items(3),
+        experiment="pq",
+        process="tests._support.procs:always_ok",
+        export_extra=", format='parquet'",
+    )
+    dest = tmp_path / "ops_pq_export.lance"
+    first = run_dag_file(dag, "ops_pq")
+    assert first.state == "success"
+    exported = first.xcom("export")
+    assert exported["changed"] is True and exported["rows"] == 3 and exported["format"] == "parquet"
+    assert pq.read_table(dest / "part-00000.parquet").num_rows == 3 and _asset_events(first) == 1
+    second = run_dag_file(dag, "ops_pq")
+    assert second.state == "success"
+    assert second.xcom("export") == {**exported, "changed": False}
+    assert _asset_events(second) == 0

@@ -427,9 +427,11 @@ def _refuse_log(uri: str) -> None:
         raise InvalidNameError(f"export destination {uri!r} is a checkpoint log; export to another path")
 
 
-def write_results_dataset(table: pa.Table, uri: str, storage_options: dict[str, str] | None = None) -> None:
+def write_results_dataset(
+    table: pa.Table | pa.RecordBatchReader, uri: str, storage_options: dict[str, str] | None = None
+) -> None:
     """Overwrite the export dataset at ``uri`` (the log is never touched); the table's schema metadata
-    is stored with it (see :func:`export_metadata`)."""
+    is stored with it (see :func:`export_metadata`). A reader is written as it streams."""
     _refuse_log(uri)
     try:
         overwrite_dataset(table, uri, storage_options)

@@ -234,6 +234,14 @@ def test_writers_crash_resume_and_maintenance_on_s3_never_leak_credentials(
     assert summary["completed"] == total and summary["pending"] == 0 and summary["fencing_violations"] == 0
     on_s3 = export_results(log, f"s3://{BUCKET}/exports/e1.lance", storage_options=log.storage_options)
     assert on_s3 == export_results(local, str(tmp_path / "local.lance"))
+    # a Parquet export on the object store: the same fingerprint; unchanged, nothing is written again
+    parquet = f"s3://{BUCKET}/exports/e1_parquet"
+    on_s3_parquet = export_results(log, parquet, storage_options=log.storage_options, format="parquet")
+    assert on_s3_parquet["fingerprint"] == on_s3["fingerprint"] and on_s3_parquet["rows"] == on_s3["rows"]
+    assert not export_results(log, parquet, storage_options=log.storage_options, format="parquet")["changed"]
+    from airflow_provider_datagen.core.export_files import read_files_export
+
+    assert read_files_export(parquet, log.storage_options).num_rows == on_s3["rows"]
 
     # a wrong bucket: a clear DatagenError, naming the log and without the credentials
     with pytest.raises(DatagenError) as excinfo:
