@@ -118,7 +118,7 @@ class BatchAPIError(DatagenError):
 
 
 class ResponseStoreError(DatagenError):
-    """The response store (``<root>/datagen_responses``) cannot be read or written: the message names its URI and the fix."""
+    """The response store (``<root>/datagen_responses``) cannot be read or written; names its URI and the fix."""
 
 
 #: How much of a bad argument's value a message shows.

@@ -226,9 +226,10 @@ class RequestBuilder:
         item_id: str,
         target: Target,
         settings: Mapping[str, Any] | None = None,
+        sample: str | None = None,
     ) -> LLMRequest:
         """The request of ``item`` (its prompt rendered from its fields and ``fields`` of earlier steps) to
-        ``target``; ``settings`` (the provider's names) replace the builder's.
+        ``target``; ``settings`` (the provider's names) replace the builder's; ``sample`` goes into its key.
 
         :raises PromptTemplateError: the prompt names a field the item lacks.
         """
@@ -241,6 +242,7 @@ class RequestBuilder:
             schema=self.schema,
             settings=self.settings if settings is None else settings,
             structured=self.structured,
+            sample=sample,
         )
 
 
