@@ -121,15 +121,11 @@ def llm_process(
     :param structured: how the sdk engine asks an OpenAI-compatible server for a structured answer:
         ``"json_schema"`` (the response format, the default) or ``"tools"`` (one forced function call,
         for a server without the response format). Not in ``version``; Anthropic's is always a tool.
-    :param reuse: ``True`` (the default): a request whose key (docs/guide/response-store.md) is in the
-        run's response store (``<root>/datagen_responses``, shared by every experiment under the root)
-        is answered from it: no request, no rate-limit slot, no budget; it is recorded as a usage entry
-        ``"reused": True``. ``False``: every request is sent (its reply still stored). Not in
-        ``version``. On ``engine="pydantic-ai"`` the store is not used: ``reuse`` is a no-op there.
-    :param sample: which sample of the same prompt an item asks for, so that distinct samples are
-        distinct keys: a template over the item (``"{{ sample_index }}"``; a name the item lacks fails
-        that item naming it, before any request) or an int (its decimal text). None: no sample. In
-        ``version``; never sent to the model.
+    :param reuse: ``True``: a request whose key is in the root's response store is answered from it (no
+        request, slot or budget; a usage entry ``"reused": True``); ``False``: always sent (and stored).
+        Not in ``version``; a no-op on ``engine="pydantic-ai"``. See docs/guide/response-store.md.
+    :param sample: a template (``"{{ sample_index }}"``) or an int telling samples of one prompt apart
+        (distinct keys); in ``version``, never sent. A name the item lacks fails it before any request.
     :returns: the process; its ``version`` attribute is a digest of the prompt, instructions, output type,
         connection id, model and settings, to pass as ``processor_version`` so that changing any of them
         reruns the items. What a connection holds is not in it (the DAG file does not read the
@@ -151,27 +147,31 @@ def llm_process(
         output_retries=output_retries,
         structured=structured,
     )
-    if not isinstance(reuse, bool):
-        raise bad_argument(
-            owner, "reuse", reuse, "is not a bool", "give True (answer from the response store) or False"
-        )
-    sample_template = _sample_template(owner, sample)
+    sample_template = _sample_template(owner, reuse, sample)
     executors = _ExecutorCache(functools.partial(_build_executor, call, template, output, reuse, sample_template))
+    return _process(executors, _version(template, output, call, sample_template), call.engine)
+
+
+def _process(executors: _ExecutorCache, version: str, engine: str) -> LLMProcess:
+    """The step's ``async def process(item, ctx)``, with its ``version`` and what the runner reads of it."""
 
     async def process(item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         with quiet_http_logs():
             executor = await executors.get()
             return cast("dict[str, Any]", await executor.run(item, ctx))
 
-    process.version = _version(template, output, call, sample_template)  # type: ignore[attr-defined]
+    process.version = version  # type: ignore[attr-defined]
     process.takes_request_slots = True  # type: ignore[attr-defined]  # a slot per request, not per call
-    # the sdk engine's replies go to the run's response store (opened by run_items before any item)
-    process.uses_response_store = call.engine == "sdk"  # type: ignore[attr-defined]
+    process.uses_response_store = engine == "sdk"  # type: ignore[attr-defined]  # run_items opens the store
     return process
 
 
-def _sample_template(owner: str, sample: Any) -> PromptTemplate | None:
-    """The ``sample=`` of a step as a template (an int is its decimal text); None: no sample."""
+def _sample_template(owner: str, reuse: Any, sample: Any) -> PromptTemplate | None:
+    """The ``sample=`` of a step as a template (an int is its decimal text); None: no sample. Checks ``reuse``."""
+    if not isinstance(reuse, bool):
+        raise bad_argument(
+            owner, "reuse", reuse, "is not a bool", "give True (answer from the response store) or False"
+        )
     if sample is None:
         return None
     if isinstance(sample, bool) or not isinstance(sample, (str, int)):
