@@ -1,9 +1,12 @@
-"""DatagenMaintenanceOperator: compact the log, refresh its indices and fold cache, drop old versions."""
+"""DatagenMaintenanceOperator: compact the log, refresh its indices and fold cache, drop old versions; and,
+with ``responses_older_than``, the root's response store."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.exceptions import bad_argument
 from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.base import DatagenBaseOperator, folded_status
 
@@ -21,6 +24,9 @@ class DatagenMaintenanceOperator(DatagenBaseOperator):
     :param pipeline: pipeline name.
     :param experiment: experiment name.
     :param datagen_conn_id: connection of type ``datagen``.
+    :param responses_older_than: also maintain the root's response store (``<root>/datagen_responses``,
+        shared by every experiment): drop the entries made longer ago than this ``timedelta`` (their
+        requests are then paid again) and compact it. None (the default): the store is not touched.
     """
 
     template_fields = ("pipeline", "experiment")
@@ -31,14 +37,31 @@ class DatagenMaintenanceOperator(DatagenBaseOperator):
         pipeline: str,
         experiment: str,
         datagen_conn_id: str = DatagenHook.default_conn_name,
+        responses_older_than: dt.timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("max_active_tis_per_dag", 1)
         super().__init__(pipeline=pipeline, experiment=experiment, datagen_conn_id=datagen_conn_id, **kwargs)
+        if responses_older_than is not None and (
+            not isinstance(responses_older_than, dt.timedelta) or responses_older_than.total_seconds() < 0
+        ):
+            raise bad_argument(
+                self,
+                "responses_older_than",
+                responses_older_than,
+                "is not a timedelta >= 0",
+                "give e.g. datetime.timedelta(days=90), or None",
+            )
+        self.responses_older_than = responses_older_than
 
     def execute(self, context: Context) -> dict[str, Any]:
         event_log = self.get_log()
         result = event_log.maintain()
         self.log.info("maintenance of %s: %s", event_log.uri, result)
+        if self.responses_older_than is not None:
+            store = self.hook.get_response_store()
+            responses = store.maintain(older_than=self.responses_older_than)
+            self.log.info("maintenance of the response store %s: %s", store.uri, responses)
+            result = {**result, "responses": responses}
         self.push_status(context, folded_status(event_log))
         return result
