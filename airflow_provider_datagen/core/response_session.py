@@ -74,6 +74,15 @@ class ResponseSession:
             return mine
         return self.store.get_many([key]).get(key)
 
+    def lookup_many(self, keys: list[str]) -> dict[str, ResponseEntry]:
+        """The stored replies of ``keys`` (this run's puts first) in one read of the store."""
+        with self._lock:
+            found = {k: e for k in keys if (e := self._mine.get(k)) is not None}
+        rest = [k for k in keys if k not in found]
+        if rest:
+            found.update(self.store.get_many(rest))
+        return found
+
     def put(self, entry: ResponseEntry) -> None:
         """Queue ``entry`` for the store (appended within :data:`FLUSH_SECONDS`, or by :meth:`flush`)."""
         with self._lock:

@@ -26,6 +26,7 @@ from airflow_provider_datagen.core.response_session import current_session
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from airflow_provider_datagen.core.response_session import ResponseSession
     from airflow_provider_datagen.core.store.responses import ResponseEntry
     from airflow_provider_datagen.llm.request import LLMRequest
 
@@ -58,6 +59,13 @@ class Replies:
         self._usage = usage
         #: the requests in flight by key: their reply's entry, or None when the request failed
         self._inflight: dict[str, asyncio.Future[ResponseEntry | None]] = {}
+        self._lookups: _Lookups | None = None
+
+    def _lookup(self, session: ResponseSession, key: str) -> Awaitable[ResponseEntry | None]:
+        lookups = self._lookups
+        if lookups is None or lookups.session is not session:
+            lookups = self._lookups = _Lookups(session)
+        return lookups.get(key)
 
     async def get(self, request: LLMRequest, ctx: Any, send: Callable[[], Awaitable[Any]]) -> Reply:
         """The reply of ``request``: stored, shared with a request in flight, or sent (``send`` takes the slot)."""
@@ -66,7 +74,7 @@ class Replies:
             return self._sent(await send())
         key = request.key()
         while self.reuse:
-            entry = await asyncio.to_thread(session.lookup, key)
+            entry = await self._lookup(session, key)
             if entry is None:
                 pending = self._inflight.get(key)
                 if pending is None:
@@ -83,7 +91,7 @@ class Replies:
             got = self._sent(reply)
             entry = _entry(key, request, got, session)
             # one entry per key: with reuse=False the key may be stored already (not stored again)
-            if self.reuse or await asyncio.to_thread(session.lookup, key) is None:
+            if self.reuse or await self._lookup(session, key) is None:
                 session.put(entry)
             return got
         finally:
@@ -101,6 +109,44 @@ class Replies:
         if entry.model:
             ctx.record_reused(entry.model, entry.input_tokens, entry.output_tokens, entry.cost_usd)
         return Reply(reply, entry.model, entry.input_tokens, entry.output_tokens, entry)
+
+
+class _Lookups:
+    """The store's lookups of the items on one event loop, coalesced: the keys asked while a read is in
+    flight (hundreds at 256 in flight) are read together by the next one, in a worker thread."""
+
+    def __init__(self, session: ResponseSession) -> None:
+        self.session = session
+        self._waiting: dict[str, list[asyncio.Future[ResponseEntry | None]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def get(self, key: str) -> ResponseEntry | None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ResponseEntry | None] = loop.create_future()
+        self._waiting.setdefault(key, []).append(future)
+        if self._reader is None:
+            self._reader = loop.create_task(self._read())
+        return await future
+
+    async def _read(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the items started in this loop iteration ask too
+            while self._waiting:
+                batch, self._waiting = self._waiting, {}
+                try:
+                    found = await asyncio.to_thread(self.session.lookup_many, list(batch))
+                except BaseException as exc:
+                    for futures in batch.values():
+                        for f in futures:
+                            if not f.done():
+                                f.set_exception(exc)
+                    continue
+                for key, futures in batch.items():
+                    for f in futures:
+                        if not f.done():
+                            f.set_result(found.get(key))
+        finally:
+            self._reader = None
 
 
 def _entry(key: str, request: LLMRequest, got: Reply, session: Any) -> ResponseEntry:

@@ -211,22 +211,28 @@ class ResponseStore:
         return ResponseStoreError(f"{translated} (response store {self.uri}: {_FIX})")
 
     def _index(self, ds: Any) -> None:
-        """Bring the index up to ``ds``: the new fragments' hashes when only appends happened, else all."""
-        frags = [(f.fragment_id, f.count_rows()) for f in ds.get_fragments()]
+        """Bring the index up to ``ds``: the new fragments' hashes when only appends happened, else all.
+
+        Known fragments are compared by id only (their rows are not counted again): a compaction or a
+        deletion by :meth:`maintain` gives new ids; another process's deletion that was not compacted
+        yet could shift offsets, which the full key check of every row read turns into misses.
+        """
+        fragments = ds.get_fragments()
+        ids = [f.fragment_id for f in fragments]
         known = self._fragments
-        if frags[: len(known)] != known:  # compacted, deleted from, or another dataset: start over
+        if ids[: len(known)] != [fid for fid, _ in known]:  # compacted, deleted from, or another dataset
             known, self._hashes, self._offsets, self._rows = [], np.empty(0, np.int64), np.empty(0, np.int64), 0
-        new = frags[len(known) :]
+        new = fragments[len(known) :]
         if not new:
-            self._fragments = frags
             return
-        parts, offsets, at = [], [], self._rows
-        by_id = {f.fragment_id: f for f in ds.get_fragments()}
+        parts, offsets, at, added = [], [], self._rows, []
         try:
-            for fid, rows in new:
-                column = by_id[fid].to_table(columns=["key_hash"])["key_hash"]
+            for frag in new:
+                column = frag.to_table(columns=["key_hash"])["key_hash"]
+                rows = len(column)
                 parts.append(column.to_numpy())
                 offsets.append(np.arange(at, at + rows, dtype=np.int64))
+                added.append((frag.fragment_id, rows))
                 at += rows
         except lance_io.LANCE_ERRORS as exc:
             raise self._error(exc, "reading") from None
@@ -234,7 +240,7 @@ class ResponseStore:
         all_offsets = np.concatenate([self._offsets, *offsets])
         order = np.argsort(hashes, kind="stable")  # equal hashes keep dataset order: the earliest first
         self._hashes, self._offsets = hashes[order], all_offsets[order]
-        self._fragments, self._rows = frags, at
+        self._fragments, self._rows = [*known, *added], at
 
     def find(self, keys: Sequence[str], *, refresh: bool = True, columns: Sequence[str] | None = None) -> pa.Table:
         """The stored rows of ``keys`` as one Arrow table (one row per stored key, the earliest entry), in one read.
@@ -249,21 +255,22 @@ class ResponseStore:
         empty = SCHEMA.empty_table().select(wanted_columns)
         if not keys:
             return empty
-        with self._lock:
+        with self._lock:  # a snapshot of the index: the read below holds no lock (appends go on meanwhile)
             ds = self._dataset(refresh=refresh)
-            if ds is None or not len(self._hashes):
-                return empty
-            wanted = np.array([int(k[:16], 16) for k in keys], dtype=np.uint64).view(np.int64)
-            pos = np.searchsorted(self._hashes, wanted)
-            pos[pos >= len(self._hashes)] = 0
-            found = self._hashes[pos] == wanted
-            if not found.any():
-                return empty
-            offsets = np.unique(self._offsets[pos[found]])  # ascending: the earliest entry of a key first
-            try:
-                table = ds.take(offsets, columns=wanted_columns)
-            except lance_io.LANCE_ERRORS as exc:
-                raise self._error(exc, "reading") from None
+            hashes, row_offsets = self._hashes, self._offsets
+        if ds is None or not len(hashes):
+            return empty
+        wanted = np.array([int(k[:16], 16) for k in keys], dtype=np.uint64).view(np.int64)
+        pos = np.searchsorted(hashes, wanted)
+        pos[pos >= len(hashes)] = 0
+        found = hashes[pos] == wanted
+        if not found.any():
+            return empty
+        offsets = np.unique(row_offsets[pos[found]])  # ascending: the earliest entry of a key first
+        try:
+            table = ds.take(offsets, columns=wanted_columns)
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._error(exc, "reading") from None
         # a full key check (a hash collision is a miss), then one row per key
         table = table.filter(pc.is_in(table["key"], value_set=pa.array(list(keys), pa.string())))
         if table.num_rows > 1:
@@ -301,21 +308,24 @@ class ResponseStore:
         if not table.num_rows:
             return 0
         with self._lock:
-            try:
-                ds = self._dataset(force=True)
-                if ds is None:
-                    ds = lance_io.create_dataset(table, self.uri, SCHEMA, self.storage_options, self._open)
-                else:
-                    ds = lance_io.append_table(table, ds, SCHEMA, self.storage_options)
-                if is_local(self.uri):
-                    files, _ = lance_io.committed_files(ds, 0)
-                    lance_io.fsync_commit(local_path(self.uri), ds, files)
-            except DatagenError:
-                raise
-            except lance_io.LANCE_ERRORS as exc:
-                raise self._error(exc, "writing") from None
-            self._index(ds)
-            self._ds = ds
+            ds = self._ds if self._ds is not None else self._dataset(force=True)
+        # the write holds no lock: lookups go on from the index meanwhile (Lance rebases concurrent appends)
+        try:
+            if ds is None:
+                ds = lance_io.create_dataset(table, self.uri, SCHEMA, self.storage_options, self._open)
+            else:
+                ds = lance_io.append_table(table, ds, SCHEMA, self.storage_options)
+            if is_local(self.uri):
+                files, _ = lance_io.committed_files(ds, 0)
+                lance_io.fsync_commit(local_path(self.uri), ds, files)
+        except DatagenError:
+            raise
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._error(exc, "writing") from None
+        with self._lock:
+            if self._ds is None or int(ds.version) >= int(self._ds.version):
+                self._index(ds)
+                self._ds = ds
         return table.num_rows
 
     # --- housekeeping -----------------------------------------------------------------------------
