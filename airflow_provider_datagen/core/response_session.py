@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 #: how often the write-behind thread appends the replies that arrived
 FLUSH_SECONDS = 0.1
+#: a run that wrote to a store of more fragments than this compacts it as it ends (a flush adds one)
+COMPACT_FRAGMENTS = 256
 
 _ACTIVE: list[ResponseSession] = []
 _ACTIVE_LOCK = threading.Lock()
@@ -127,13 +129,15 @@ class ResponseSession:
                     self._error = exc
 
     def close(self) -> None:
-        """Stop the write-behind thread and append what is queued."""
+        """Stop the write-behind thread, append what is queued, and compact a store of many fragments."""
         self._closed = True
         self._wake.set()
         thread = self._thread
         if thread is not None:
             thread.join()
         self.flush()
+        if self.puts:
+            self.store.compact(above_fragments=COMPACT_FRAGMENTS)
 
 
 def activate(session: ResponseSession) -> None:

@@ -344,6 +344,24 @@ class ResponseStore:
                 "fragments": len(self._fragments),
             }
 
+    def compact(self, *, above_fragments: int = 0) -> bool:
+        """Rewrite the store's small fragments into few (each write-behind flush adds one) when it has
+        more than ``above_fragments``; safe beside other writers (Lance rebases their appends).
+
+        :returns: whether it compacted.
+        """
+        with self._lock:
+            ds = self._dataset(refresh=True)
+            if ds is None or len(self._fragments) <= above_fragments:
+                return False
+        try:
+            ds.optimize.compact_files()
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._error(exc, "compacting") from None
+        with self._lock:
+            self._dataset(force=True)
+        return True
+
     def maintain(self, older_than: dt.timedelta | None = None) -> dict[str, Any]:
         """Drop the entries made longer ago than ``older_than`` (None: none), compact, drop old versions.
 

@@ -120,3 +120,14 @@ def test_stats_and_maintain_drop_old_entries(tmp_path: Path) -> None:
     assert set(store.get_many([_key(1), _key(3)])) == {_key(3)}  # the index follows the compaction
     with pytest.raises(ResponseStoreError, match="timedelta"):
         store.maintain(older_than=5)  # type: ignore[arg-type]
+
+
+def test_compact_rewrites_many_small_fragments_and_keeps_every_entry(tmp_path: Path) -> None:
+    store = ResponseStore.open(tmp_path)
+    for i in range(5):
+        store.put_many([_entry(i)])
+    assert store.stats()["fragments"] == 5
+    assert store.compact(above_fragments=10) is False
+    assert store.compact() is True
+    assert store.stats()["fragments"] == 1
+    assert set(store.get_many([_key(i) for i in range(5)])) == {_key(i) for i in range(5)}
