@@ -9,6 +9,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from pydantic import BaseModel
 
 from airflow_provider_datagen.core import ResponseStore, Sequence, run_items
 from airflow_provider_datagen.core.export import collect_results, results_fingerprint
@@ -148,3 +149,29 @@ def test_a_bad_store_fails_the_run_before_any_request_and_any_write(server: Fake
         run_items(log, _items(3), process, processor_version=process.version)
     assert server.requests == []
     assert not (tmp_path / "datagen_checkpoints").exists()
+
+
+class Translation(BaseModel):
+    french: str
+    words: int
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_stored_structured_answer_reads_back_as_the_same_fields(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, api: str
+) -> None:
+    fake = openai_server.start(tool_args={"french": "bonjour", "words": 1})
+    try:
+        host = fake.anthropic_url if api == "anthropic" else fake.base_url
+        model = "anthropic:claude-fake" if api == "anthropic" else "openai-chat:gpt-4o-mini"
+        conn = {"conn_type": "pydanticai", "host": host, "password": "sk-fake", "extra": {"model": model}}
+        monkeypatch.setenv("AIRFLOW_CONN_LLM_STRUCT", json.dumps(conn))
+        process = llm_process("Translate {{ text }}", llm_conn_id="llm_struct", output_type=Translation)
+        first, second = open_log(tmp_path, "a"), open_log(tmp_path, "b")
+        run_items(first, _items(3), process, processor_version=process.version)
+        run_items(second, _items(3), process, processor_version=process.version)
+        assert sum(1 for r in fake.requests if r.status == 200) == 3
+        assert collect_results(second) == collect_results(first)
+        assert second.item_state("q0").fields == {"french": "bonjour", "words": 1}
+    finally:
+        fake.stop()
