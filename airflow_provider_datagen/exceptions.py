@@ -117,6 +117,10 @@ class BatchAPIError(DatagenError):
     """A provider's batch API refused a call (a batch it failed, an input it would not accept)."""
 
 
+class ResponseStoreError(DatagenError):
+    """The response store (``<root>/datagen_responses``) cannot be read or written; names its URI and the fix."""
+
+
 #: How much of a bad argument's value a message shows.
 _MAX_SHOWN = 200
 

@@ -15,6 +15,7 @@ from airflow_provider_datagen.hooks.datagen import DatagenHook
 from airflow_provider_datagen.operators.datagen import (
     DatagenBatchOperator,
     DatagenExportOperator,
+    DatagenMaintenanceOperator,
     DatagenMapOperator,
     DatagenPlanOperator,
 )
@@ -43,6 +44,15 @@ def test_every_operator_and_the_sensor_take_the_declaration() -> None:
         DatagenPlanOperator(task_id="p", experiment=EXP, pipeline="qa", processor_version="v7", source=[]).pipeline
         == "qa"
     )
+
+
+def test_the_maintenance_operator_takes_the_declaration_too() -> None:
+    op = DatagenMaintenanceOperator(task_id="maintain", experiment=EXP)
+    assert (op.pipeline, op.experiment, op.datagen_conn_id) == ("qa", "e1", "my_datagen")
+    named = DatagenMaintenanceOperator(task_id="maintain2", pipeline="qa", experiment="e1")
+    assert (named.pipeline, named.experiment, named.datagen_conn_id) == ("qa", "e1", DEFAULT_CONN_ID)
+    with pytest.raises(ConfigurationError, match=r"differs from the experiment's pipeline='qa'"):
+        DatagenMaintenanceOperator(task_id="maintain3", experiment=EXP, pipeline="other")
 
 
 def test_the_string_form_is_unchanged() -> None:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     )
     from airflow_provider_datagen.core.store.batch import Batch
     from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.responses import ResponseStore
     from airflow_provider_datagen.core.store.writer import LogWriter
 
 #: public name -> the submodule that defines it
@@ -69,6 +70,7 @@ _EXPORTS = {
     "Loop": "airflow_provider_datagen.core.steps",
     "MapReduce": "airflow_provider_datagen.core.steps",
     "RateLimit": "airflow_provider_datagen.core.ratelimit",
+    "ResponseStore": "airflow_provider_datagen.core.store.responses",
     "ResumePlan": "airflow_provider_datagen.core.planner",
     "RetryPolicy": "airflow_provider_datagen.core.retry",
     "Router": "airflow_provider_datagen.core.steps",
@@ -126,6 +128,7 @@ __all__ = [
     "Loop",
     "MapReduce",
     "RateLimit",
+    "ResponseStore",
     "ResumePlan",
     "RetryPolicy",
     "Router",

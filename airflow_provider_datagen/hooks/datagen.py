@@ -18,7 +18,7 @@ from airflow_provider_datagen.exceptions import ConfigurationError
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-    from airflow_provider_datagen.core import CheckpointLog
+    from airflow_provider_datagen.core import CheckpointLog, ResponseStore
 
 # Keys DatagenHook understands in Connection.extra. Older forms prefix custom fields with
 # ``extra__<conn_type>__``; both spellings are accepted so a connection made by any UI version works.
@@ -260,6 +260,16 @@ class DatagenHook(BaseHook):
             experiment=experiment,
             storage_options=self.storage_options or None,
         )
+
+    def get_response_store(self) -> ResponseStore:
+        """
+        Open the response store every experiment under the root shares: ``<root>/datagen_responses/``.
+
+        :raises ResponseStoreError: what is there is not a response store, is damaged, or cannot be reached.
+        """
+        from airflow_provider_datagen.core import ResponseStore
+
+        return ResponseStore.open(self.root, self.storage_options or None)
 
     def __repr__(self) -> str:
         # Resolving the connection inside repr() would hit the secrets backends from a debugger or a

@@ -67,6 +67,8 @@ def llm_process(
     engine: str | None = None,
     output_retries: int = 1,
     structured: str = "json_schema",
+    reuse: bool = True,
+    sample: str | int | None = None,
 ) -> LLMProcess:
     """An ``async def process(item, ctx)`` that asks a model and returns its answer as the item's fields.
 
@@ -119,6 +121,11 @@ def llm_process(
     :param structured: how the sdk engine asks an OpenAI-compatible server for a structured answer:
         ``"json_schema"`` (the response format, the default) or ``"tools"`` (one forced function call,
         for a server without the response format). Not in ``version``; Anthropic's is always a tool.
+    :param reuse: ``True``: a request whose key is in the root's response store is answered from it (no
+        request, slot or budget; a usage entry ``"reused": True``); ``False``: always sent (and stored).
+        Not in ``version``; a no-op on ``engine="pydantic-ai"``. See docs/guide/response-store.md.
+    :param sample: a template (``"{{ sample_index }}"``) or an int telling samples of one prompt apart
+        (distinct keys); in ``version``, never sent. A name the item lacks fails it before any request.
     :returns: the process; its ``version`` attribute is a digest of the prompt, instructions, output type,
         connection id, model and settings, to pass as ``processor_version`` so that changing any of them
         reruns the items. What a connection holds is not in it (the DAG file does not read the
@@ -140,16 +147,38 @@ def llm_process(
         output_retries=output_retries,
         structured=structured,
     )
-    executors = _ExecutorCache(functools.partial(_build_executor, call, template, output))
+    sample_template = _sample_template(owner, reuse, sample)
+    executors = _ExecutorCache(functools.partial(_build_executor, call, template, output, reuse, sample_template))
+    return _process(executors, _version(template, output, call, sample_template), call.engine)
+
+
+def _process(executors: _ExecutorCache, version: str, engine: str) -> LLMProcess:
+    """The step's ``async def process(item, ctx)``, with its ``version`` and what the runner reads of it."""
 
     async def process(item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         with quiet_http_logs():
             executor = await executors.get()
             return cast("dict[str, Any]", await executor.run(item, ctx))
 
-    process.version = _version(template, output, call)  # type: ignore[attr-defined]
+    process.version = version  # type: ignore[attr-defined]
     process.takes_request_slots = True  # type: ignore[attr-defined]  # a slot per request, not per call
+    process.uses_response_store = engine == "sdk"  # type: ignore[attr-defined]  # run_items opens the store
     return process
+
+
+def _sample_template(owner: str, reuse: Any, sample: Any) -> PromptTemplate | None:
+    """The ``sample=`` of a step as a template (an int is its decimal text); None: no sample. Checks ``reuse``."""
+    if not isinstance(reuse, bool):
+        raise bad_argument(
+            owner, "reuse", reuse, "is not a bool", "give True (answer from the response store) or False"
+        )
+    if sample is None:
+        return None
+    if isinstance(sample, bool) or not isinstance(sample, (str, int)):
+        raise bad_argument(
+            owner, "sample", sample, "is not a template or an int", "give e.g. '{{ sample_index }}', 3, or None"
+        )
+    return PromptTemplate(str(sample), owner, "sample")
 
 
 @dataclass(frozen=True)
@@ -230,7 +259,9 @@ def _engine(owner: str, engine: str | None, model: Any, agent_kwargs: dict[str, 
     return "pydantic-ai"
 
 
-def _build_executor(call: _ModelCall, template: PromptTemplate, output: OutputSpec) -> Any:
+def _build_executor(
+    call: _ModelCall, template: PromptTemplate, output: OutputSpec, reuse: bool, sample: PromptTemplate | None
+) -> Any:
     """The step's executor (run in a worker thread by :class:`_ExecutorCache`): reads the connection."""
     from airflow_provider_datagen.llm.agent import AgentExecutor, build_agent
 
@@ -252,10 +283,10 @@ def _build_executor(call: _ModelCall, template: PromptTemplate, output: OutputSp
     except ImportError as exc:
         raise ConfigurationError(f"llm_process: engine='sdk' needs the SDKs ({exc}); {_INSTALL}") from exc
     builder = RequestBuilder(template, output, call.instructions, {}, call.structured)
-    return SDKExecutor(builder, target, api_key, call.settings, call.output_retries)
+    return SDKExecutor(builder, target, api_key, call.settings, call.output_retries, reuse, sample)
 
 
-def _version(template: PromptTemplate, output: OutputSpec, call: _ModelCall) -> str:
+def _version(template: PromptTemplate, output: OutputSpec, call: _ModelCall, sample: PromptTemplate | None) -> str:
     """The process's ``version``: a digest of what the DAG file says about the step (see :func:`llm_process`)."""
     model = call.model
     description: dict[str, Any] = {
@@ -267,6 +298,9 @@ def _version(template: PromptTemplate, output: OutputSpec, call: _ModelCall) -> 
         "model_settings": call.settings,
         "agent_kwargs": call.extra,
     }
+    if sample is not None:
+        # only when given: the versions of steps without samples stay as they were
+        description["sample"] = sample.source
     if call.output_retries != 1:
         # only when not the default: the versions of steps from before output_retries= stay as they were
         description["output_retries"] = call.output_retries

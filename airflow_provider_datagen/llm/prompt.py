@@ -26,13 +26,15 @@ class PromptTemplate:
 
     :param source: the Jinja2 template text, e.g. ``"Translate into French: {{ text }}"``.
     :param owner: who is building it, for the error message of a bad template.
+    :param what: what the template is, in its errors: ``"prompt"`` or ``"sample"`` (``sample=``).
     """
 
-    def __init__(self, source: Any, owner: object = "llm_process") -> None:
+    def __init__(self, source: Any, owner: object = "llm_process", what: str = "prompt") -> None:
+        self.what = what
         if not isinstance(source, str) or not source.strip():
             raise bad_argument(
                 owner,
-                "prompt",
+                what,
                 source,
                 "is not a non-empty string",
                 "give a Jinja2 template, e.g. 'Summarise: {{ text }}'",
@@ -43,7 +45,7 @@ class PromptTemplate:
             self.names = frozenset(jinja2.meta.find_undeclared_variables(_ENV.parse(source))).difference(_ENV.globals)
         except jinja2.TemplateSyntaxError as exc:
             raise bad_argument(
-                owner, "prompt", source, f"is not a valid Jinja2 template ({exc.message}, line {exc.lineno})", "fix it"
+                owner, what, source, f"is not a valid Jinja2 template ({exc.message}, line {exc.lineno})", "fix it"
             ) from None
         self.source = source
 
@@ -57,14 +59,14 @@ class PromptTemplate:
         missing = sorted(self.names.difference(values))
         if missing:
             raise PromptTemplateError(
-                f"item {item_id!r}: the prompt names {_fields(missing)} the item does not have (it has "
-                f"{sorted(values)}); add the field to the items, or change the prompt"
+                f"item {item_id!r}: the {self.what} names {_fields(missing)} the item does not have (it has "
+                f"{sorted(values)}); add the field to the items, or change the {self.what}"
             )
         try:
             return self._template.render(values)
         except jinja2.TemplateError as exc:  # e.g. {{ meta.lang }} where meta has no 'lang'
             raise PromptTemplateError(
-                f"item {item_id!r}: the prompt could not be rendered: {type(exc).__name__}: {exc}"
+                f"item {item_id!r}: the {self.what} could not be rendered: {type(exc).__name__}: {exc}"
             ) from None
 
 

@@ -53,6 +53,10 @@ PROVIDERS: dict[str, str] = {
 BATCH_PREFIXES = frozenset({"openai", "openai-chat", "openai-responses", "anthropic"})
 #: Anthropic requires max_tokens; a request's default when the settings give none
 DEFAULT_MAX_TOKENS = 1024
+#: the version of the key's canonical form (:meth:`LLMRequest.canonical`): a change is a migration
+KEY_VERSION = 1
+#: settings that change how a request travels, not what it asks: never part of its key
+TRANSPORT_SETTINGS = frozenset({"timeout", "max_retries", "request_timeout"})
 #: the tool an Anthropic structured answer is forced through, and the OpenAI response format's name
 OUTPUT_TOOL = "final_result"
 
@@ -77,6 +81,8 @@ class LLMRequest:
     :param structured: how OpenAI's API is asked for a structured answer: ``"json_schema"`` (the response
         format) or ``"tools"`` (one forced function, ``final_result``, for a server without the response
         format). Anthropic's is always a forced tool.
+    :param sample: which sample of the same prompt this is (``sample=`` of the step, rendered); part of
+        the :meth:`key` only, never sent. None: no sample.
     """
 
     provider: str
@@ -86,6 +92,7 @@ class LLMRequest:
     schema: dict[str, Any] | None
     settings: Mapping[str, Any]
     structured: str = "json_schema"
+    sample: str | None = None
 
     def body(self) -> dict[str, Any]:
         """The provider's request body."""
@@ -126,17 +133,52 @@ class LLMRequest:
         """The same request with ``messages`` appended (an answer, and what was wrong with it)."""
         return dataclasses.replace(self, messages=(*self.messages, *messages))
 
-    def digest(self) -> str:
-        """A digest of everything the request asks (a response store's key): the same request, the same digest."""
-        described = {
+    def canonical(self) -> dict[str, Any]:
+        """The request's canonical form, what its :meth:`key` digests (docs/guide/response-store.md).
+
+        The provider's API and base URL (no trailing ``/``), the model, every message as sent (a
+        validation retry's earlier turns included), the answer's schema, how a structured answer is
+        asked, the settings without the transport-only ones (:data:`TRANSPORT_SETTINGS`) and the
+        ``sample``. Nothing of the item id, the experiment, the attempt, the time or the code's layout.
+        """
+        return {
+            "key_version": KEY_VERSION,
             "provider": self.provider,
+            "base_url": self.base_url.rstrip("/") if self.base_url else None,
             "model": self.model,
-            "messages": self.messages,
+            "messages": list(self.messages),
             "schema": self.schema,
-            "settings": self.settings,
-            "structured": self.structured,
+            "structured": self.structured if self.schema is not None else None,
+            "settings": {k: v for k, v in self.settings.items() if k not in TRANSPORT_SETTINGS},
+            "sample": self.sample,
         }
-        return hashlib.sha256(json.dumps(described, sort_keys=True, default=repr).encode()).hexdigest()
+
+    def key(self) -> str:
+        """The request's key in the response store: the SHA-256 (hex) of its :meth:`canonical` form as
+        canonical JSON (sorted keys, no spaces, UTF-8). Pinned by a test: a change needs a migration."""
+        text = json.dumps(
+            self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_stable_value
+        )
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def digest(self) -> str:
+        """The same as :meth:`key` (the name the batch step used first)."""
+        return self.key()
+
+
+def _stable_value(obj: Any) -> Any:
+    """A JSON value for a setting that is not one, the same in every process (never a ``repr`` with an address)."""
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=str)
+    dump = getattr(obj, "model_dump", None)  # a pydantic model
+    if callable(dump):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    value = getattr(obj, "value", None)  # an Enum
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    return f"{type(obj).__module__}.{type(obj).__qualname__}:{obj}"
 
 
 @dataclass(frozen=True)
@@ -184,9 +226,10 @@ class RequestBuilder:
         item_id: str,
         target: Target,
         settings: Mapping[str, Any] | None = None,
+        sample: str | None = None,
     ) -> LLMRequest:
         """The request of ``item`` (its prompt rendered from its fields and ``fields`` of earlier steps) to
-        ``target``; ``settings`` (the provider's names) replace the builder's.
+        ``target``; ``settings`` (the provider's names) replace the builder's; ``sample`` goes into its key.
 
         :raises PromptTemplateError: the prompt names a field the item lacks.
         """
@@ -199,6 +242,7 @@ class RequestBuilder:
             schema=self.schema,
             settings=self.settings if settings is None else settings,
             structured=self.structured,
+            sample=sample,
         )
 
 

@@ -27,11 +27,13 @@ from airflow_provider_datagen.exceptions import ConfigurationError, OutputValida
 from airflow_provider_datagen.llm.output import validated_fields
 from airflow_provider_datagen.llm.quiet import quiet_http_logs
 from airflow_provider_datagen.llm.request import PROVIDERS, Target, usage_provider, wire_settings
+from airflow_provider_datagen.llm.reuse import Replies, Reply
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
     from airflow_provider_datagen.llm.output import OutputSpec
+    from airflow_provider_datagen.llm.prompt import PromptTemplate
     from airflow_provider_datagen.llm.request import LLMRequest, RequestBuilder
 
 _OWNER = "llm_process"
@@ -69,6 +71,8 @@ class SDKExecutor:
     :param api_key: the API key (None: the SDK's environment variable, or none for a local server).
     :param model_settings: the step's pydantic-ai ``ModelSettings`` (body fields, ``timeout``, ``extra_headers``).
     :param output_retries: how many times an answer that does not validate is sent back.
+    :param reuse: answer a request from the run's response store when its key is there (:mod:`~.reuse`).
+    :param sample: the step's ``sample=`` template (None: no sample), rendered per item into the key.
     """
 
     def __init__(
@@ -78,6 +82,8 @@ class SDKExecutor:
         api_key: str | None,
         model_settings: Mapping[str, Any],
         output_retries: int,
+        reuse: bool = True,
+        sample: PromptTemplate | None = None,
     ) -> None:
         self.builder = builder
         self.output: OutputSpec = builder.output
@@ -92,22 +98,32 @@ class SDKExecutor:
         self._client: Any = None
         self._closer: Any = None  # the async generator whose aclose() closes the client (see _client_on_loop)
         self._errors = _sdk_errors(target.provider)
+        self._sample = sample
+        self._replies = Replies(reuse, self._parse, self._usage)
 
     async def run(self, item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
-        """The item's fields: ask, validate, send an invalid answer back (``output_retries`` times)."""
-        request = self.builder.build(item, ctx.fields, ctx.item_id, self.target, self.settings)
+        """The item's fields: ask (or read the stored reply), validate, send an invalid answer back
+        (``output_retries`` times)."""
+        sample = None if self._sample is None else self._sample.render(item, ctx.fields, ctx.item_id)
+        request = self.builder.build(item, ctx.fields, ctx.item_id, self.target, self.settings, sample=sample)
         client = self._client if self._client is not None else await self._client_on_loop()
         where = f"{_OWNER}: item {ctx.item_id!r}"
         error: OutputValidationError | None = None
         for _ in range(self.output_retries + 1):
-            await ctx.take_request_slot_async()
-            reply = await self._send(client, request)
+
+            async def send(request: LLMRequest = request) -> Any:
+                await ctx.take_request_slot_async()  # after the store's lookup: a stored reply takes no slot
+                return await self._send(client, request)
+
+            got = await self._replies.get(request, ctx, send)
+            reply = got.reply
             answer, feedback = (
                 _anthropic_answer(reply, request)
                 if self.target.provider == "anthropic"
                 else _openai_answer(reply, request)
             )
-            self._record(ctx, reply)
+            if got.reused_from is None:
+                self._record(ctx, got)
             try:
                 return validated_fields(self.output, answer, where)
             except OutputValidationError as exc:
@@ -137,10 +153,25 @@ class SDKExecutor:
             _name_the_server(exc, request.model, str(client.base_url))
             raise
 
-    def _record(self, ctx: Any, reply: Any) -> None:
+    def _record(self, ctx: Any, got: Reply) -> None:
+        if got.model:
+            ctx.record_usage(model=got.model, input_tokens=got.input_tokens, output_tokens=got.output_tokens, calls=1)
+
+    def _parse(self, text: str) -> Any:
+        """The SDK's reply object of a stored reply's JSON."""
+        if self.target.provider == "anthropic":
+            from anthropic.types import Message
+
+            return Message.model_validate_json(text)
+        from openai.types.chat import ChatCompletion
+
+        return ChatCompletion.model_validate_json(text)
+
+    def _usage(self, reply: Any) -> tuple[str, int, int] | None:
+        """(usage label, input tokens, output tokens) of a reply; None when it reports no usage."""
         usage = getattr(reply, "usage", None)
         if usage is None:
-            return
+            return None
         if self.target.provider == "anthropic":
             tokens_in = (
                 int(usage.input_tokens or 0)
@@ -151,7 +182,7 @@ class SDKExecutor:
         else:
             tokens_in, tokens_out = int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0)
         model = f"{self.target.label}:{getattr(reply, 'model', None) or self.target.model}"
-        ctx.record_usage(model=model, input_tokens=tokens_in, output_tokens=tokens_out, calls=1)
+        return model, tokens_in, tokens_out
 
     async def _client_on_loop(self) -> Any:
         """The client, built on the loop that uses it (aiohttp's session belongs to one loop)."""

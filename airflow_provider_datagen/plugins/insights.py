@@ -73,8 +73,9 @@ def spend_panel(usage: dict[str, Any], budget: dict[str, Any], summary: dict[str
     # "requests" (every model request sent, failed ones included) is newer than the ledger's other
     # totals: None (not shown) on a ledger that does not count them.
     requests = usage.get("requests")
+    reused = int(usage.get("reused_calls") or 0)
     return {
-        "recorded": bool(usage.get("calls")) or bool(requests),
+        "recorded": bool(usage.get("calls")) or bool(requests) or bool(reused),
         "calls": int(usage.get("calls") or 0),
         "requests": None if requests is None else int(requests),
         "input_tokens": int(usage.get("input_tokens") or 0),
@@ -83,6 +84,9 @@ def spend_panel(usage: dict[str, Any], budget: dict[str, Any], summary: dict[str
         "cost_usd": cost,
         "unpriced_calls": int(usage.get("unpriced_calls") or 0),
         "failed_attempts_cost_usd": float(usage.get("failed_attempts_cost_usd") or 0.0),
+        # answers read from the response store (no request) and what they would have cost again
+        "reused_calls": reused,
+        "saved_usd": float(usage.get("saved_usd") or 0.0),
         "by_model": by_model,
         "budget_usd": budget_usd,
         "budget_tokens": budget_tokens,

@@ -254,3 +254,15 @@ def test_rate_limit_storage_password_is_masked_and_not_in_repr(monkeypatch):
     assert redact(f"uri {SECRET}") == "uri ***"
     assert SECRET not in repr(hook)
     assert "rate_limit_storage='redis://***@redis-host:6379/0'" in repr(hook)
+
+
+def test_get_response_store_opens_the_store_under_the_root(monkeypatch, tmp_path):
+    from airflow_provider_datagen.core import ResponseStore
+    from airflow_provider_datagen.core.store.responses import ResponseEntry
+
+    set_conn(monkeypatch, host=str(tmp_path))
+    store = DatagenHook().get_response_store()
+    assert isinstance(store, ResponseStore)
+    assert store.uri == f"{tmp_path}/datagen_responses"
+    store.put_many([ResponseEntry("ab" * 32, "{}", "openai:gpt-4o-mini")])
+    assert DatagenHook().get_response_store().stats()["entries"] == 1

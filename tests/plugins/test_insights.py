@@ -404,3 +404,21 @@ def test_budget_stop_banner_and_removed_items(client: TestClient, timed_log: Che
     index = client.get("/datagen/").text
     row = index.split(f"/datagen/experiments/{P}/timed'>timed</a>", 1)[1].split("</td>", 1)[0]
     assert row == " <span class='badge s-stopped_by_budget'>stopped by budget</span>"
+
+
+def test_the_spend_panel_shows_reused_calls_and_the_money_they_saved(client: TestClient, ui_log) -> None:
+    """Answers read from the response store (``ctx.record_reused``): their count and their stored cost."""
+    lg = ui_log(P, "reused")
+    items = _items(3)
+
+    def reusing(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        ctx.record_reused("m:cached", input_tokens=100, output_tokens=20, saved_usd=0.5)
+        return {"answer": item["text"].upper()}
+
+    plan_chunks(lg, items, key_field="id")
+    run_items(lg, items, reusing)
+    page = client.get(f"/datagen/experiments/{P}/reused").text
+    assert "<b id='reused-calls'>3</b>" in page
+    assert "<b id='saved-usd'>$1.50</b>" in page
+    cards = dict(re.findall(r"<div class='card'><span class='muted'>([^<]+)</span><b>([^<]+)</b></div>", page))
+    assert cards["spent"] == "$0.00"

@@ -60,6 +60,9 @@ class RowResult:
     output_tokens: int = 0
     #: the provider's error for a row that did not succeed: "code: message"
     error: str | None = None
+    #: a succeeded row's reply as the provider sent it (the completion's or message's JSON): what the
+    #: response store keeps
+    raw: str | None = None
 
 
 class BatchClient(Protocol):

@@ -20,7 +20,7 @@ from airflow_provider_datagen.core.batch.ids import attempt_of, base_of, custom_
 from airflow_provider_datagen.core.events import EncodedValue, canonical_json, digest, encode_value
 from airflow_provider_datagen.core.ids import check_field_name
 from airflow_provider_datagen.core.ledger.pricing import price_usd
-from airflow_provider_datagen.core.ledger.records import attempt_entries, usage_record
+from airflow_provider_datagen.core.ledger.records import attempt_entries, reused_record, usage_record
 from airflow_provider_datagen.core.schema import DEFAULT_BLOB_THRESHOLD, VALUE_KIND_JSON, ItemStatus
 from airflow_provider_datagen.core.store import batches
 from airflow_provider_datagen.exceptions import BatchRowError, DatagenError, OutputValidationError
@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 
     from airflow_provider_datagen.core.batch.protocol import BatchClient, BatchStep, RowResult
     from airflow_provider_datagen.core.batch.report import BatchReport
+    from airflow_provider_datagen.core.response_session import ResponseSession
     from airflow_provider_datagen.core.sources import SourceItem
     from airflow_provider_datagen.core.store.completions import Completion
     from airflow_provider_datagen.core.store.log import CheckpointLog
+    from airflow_provider_datagen.core.store.responses import ResponseEntry
     from airflow_provider_datagen.core.store.writer import LogWriter
 
 #: The share of the online price a batch request costs (OpenAI's Batch API and Anthropic's Message
@@ -72,6 +74,7 @@ class Recording:
     _created_here: set[str]
     _field_what: dict[str, str]
     _usage_entries: dict[tuple[str | None, int, int], tuple[list[dict[str, Any]], str]]
+    responses: ResponseSession | None
 
     def _row(self, sub: batches.Submission, kind: str, **extra: Any) -> dict[str, Any]:
         raise NotImplementedError  # BatchRun's
@@ -140,24 +143,52 @@ class Recording:
                 return True
         return False
 
-    def _commit_rows(self, sub: batches.Submission, rows: list[tuple[SourceItem, int, RowResult]]) -> None:
+    def _answer_from_store(self, lines: list[tuple[SourceItem, Any, bool]]) -> list[tuple[SourceItem, Any, bool]]:
+        """Record the items whose request's key is in the response store from it; the lines left to submit."""
+        assert self.responses is not None
+        step: Any = self.step
+        keys = {line.custom_id: step.key(it.data, it.item_id) for it, line, _ in lines}
+        found = self.responses.store.get_many(list(dict.fromkeys(keys.values())))
+        if not found:
+            return lines
+        reused: dict[str, Any] = {}
+        rows: list[tuple[SourceItem, int, RowResult]] = []
+        for it, line, _ in lines:
+            entry = found.get(keys[line.custom_id])
+            if entry is not None:
+                reused[line.custom_id] = entry
+                rows.append((it, attempt_of(line.custom_id), step.stored_row(entry.reply_json, line.custom_id)))
+        self._commit_rows(None, rows, reused)
+        self.writer.sync()
+        return [entry for entry in lines if entry[1].custom_id not in reused]
+
+    def _commit_rows(
+        self,
+        sub: batches.Submission | None,
+        rows: list[tuple[SourceItem, int, RowResult]],
+        reused: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record ``rows`` (of ``sub``, or, with ``reused``, read from the response store by custom_id)."""
         if not rows:
             return
         report = self.report
         step_name = self.step.step_name
         threshold = self.log.blob_threshold
-        batch_json = canonical_json(sub.batch_id or "")
-        where_of = {"batch_id": sub.batch_id or ""}
+        batch_id = sub.batch_id if sub is not None else None
+        batch_json = canonical_json(batch_id or "")
+        where_of = {"batch_id": batch_id or ""}
+        store = self.responses
         field_what = self._field_what
         done: list[Completion] = []  # committed column by column (LogWriter.commit_completions)
         with self.writer.batch() as b:  # the rest: failed rows and answers that are not answers
             for item, attempt, row in rows:
                 cid = row.custom_id
                 if row.outcome != "succeeded":
-                    err = BatchRowError(f"batch {sub.batch_id}: row {cid} {row.outcome}: {row.error or 'no detail'}")
+                    err = BatchRowError(f"batch {batch_id}: row {cid} {row.outcome}: {row.error or 'no detail'}")
                     self._stage_failure(b, item, attempt, err, {**where_of, "custom_id": cid})
                     continue
-                usage, usage_json = self._usage(row)
+                entry = reused.get(cid) if reused is not None else None
+                usage, usage_json = self._usage(row) if entry is None else _reused_usage(entry)
                 try:
                     fields = self.step.fields(row)
                     encoded = []
@@ -179,7 +210,14 @@ class Recording:
                     )
                     self._give_up(item.item_id, exc)
                     continue
+                if entry is not None:
+                    done.append((item.item_id, encoded, encode_value({"attempt": attempt, "usage": usage})))
+                    continue
+                if store is not None and row.raw is not None:
+                    store.put(self._response_entry(item, row, usage))
                 done.append((item.item_id, encoded, _completed_value(attempt, batch_json, cid, usage_json)))
+        if done and store is not None:
+            store.flush()  # the rows' replies are in the response store before the rows are acknowledged
         if done:
             # pipelined: Lance writes this commit (without the GIL) while the next rows are read and laid out;
             # every read of the log, the next commit and the sync below wait for it
@@ -204,6 +242,22 @@ class Recording:
             if len(self._usage_entries) < USAGE_CACHE_ENTRIES:
                 self._usage_entries[key] = cached
         return cached
+
+    def _response_entry(self, item: SourceItem, row: RowResult, usage: list[dict[str, Any]]) -> ResponseEntry:
+        from airflow_provider_datagen.core.store.responses import ResponseEntry
+
+        step: Any = self.step
+        assert self.responses is not None and row.raw is not None
+        return ResponseEntry(
+            key=step.key(item.data, item.item_id),
+            reply_json=row.raw,
+            model=usage[0]["model"],
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            cost_usd=usage[0]["cost_usd"],
+            pipeline=self.responses.pipeline,
+            experiment=self.responses.experiment,
+        )
 
     def _stage_failure(
         self, b: Any, item: SourceItem, attempt: int, err: BaseException, where: Mapping[str, str]
@@ -290,6 +344,12 @@ def _completed_value(attempt: int, batch_json: str, cid: str, usage_json: str) -
     if len(raw) > DEFAULT_BLOB_THRESHOLD:  # a usage list that long is stored as encode_value stores it
         return encode_value(orjson.loads(raw))
     return EncodedValue(VALUE_KIND_JSON, text, None, len(raw), digest(raw))
+
+
+def _reused_usage(entry: Any) -> tuple[list[dict[str, Any]], str]:
+    """The usage entries (and their JSON) of an answer read from the response store."""
+    entries = attempt_entries([reused_record(entry.model, entry.input_tokens, entry.output_tokens, entry.cost_usd)])
+    return entries, canonical_json(entries, what="usage of a reused answer")
 
 
 def _recorded(state: _Seen | None, item: SourceItem, attempt: int) -> bool:

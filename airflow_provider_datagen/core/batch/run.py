@@ -34,6 +34,7 @@ from airflow_provider_datagen.core.batch.protocol import BatchInfo
 from airflow_provider_datagen.core.batch.record import DONE, Recording
 from airflow_provider_datagen.core.batch.report import BatchReport
 from airflow_provider_datagen.core.planner import REDO_NEVER, as_source
+from airflow_provider_datagen.core.response_session import ResponseSession
 from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.core.store import batches
 from airflow_provider_datagen.exceptions import (
@@ -98,6 +99,8 @@ class BatchRun(Recording):
         self._created_here: set[str] = set()
         #: field names of answers already checked, and each one's ``what`` for encode_value's errors
         self._field_what: dict[str, str] = {}
+        #: the response store (a step that uses it): opened now, so a bad one fails before any write
+        self.responses = ResponseSession.for_log(log) if getattr(step, "uses_response_store", False) else None
 
     # --- one round --------------------------------------------------------------------------------
 
@@ -262,6 +265,8 @@ class BatchRun(Recording):
                     continue
                 lines.append((it, line, fresh))
         self._created_here.update(it.item_id for it, _, fresh in todo if fresh)
+        if lines and self.responses is not None and getattr(self.step, "reuse", False):
+            lines = self._answer_from_store(lines)  # the stored ones are recorded now, never submitted
         refused = False
         for group in self._split(client, lines):
             refused = not self._submit(client, group) or refused
@@ -411,6 +416,8 @@ def run_batch(
                 sleep(poll_interval)
     finally:
         client.close()
+        if run.responses is not None:
+            run.responses.close()
     run.report.in_batch = 0
     run.report.events = run.writer.events_written
     return run.report

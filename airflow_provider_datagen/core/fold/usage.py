@@ -52,6 +52,9 @@ MAX_USD = 10**9
 SATURATED = 2**62
 #: the group of an attempt's requests beyond its entries' calls (a model name is never empty)
 REQUESTS_MODEL = ""
+#: the groups of reused answers (entries ``"reused": True``) are their model's name after this prefix:
+#: their calls are reused calls, their nano-dollars what was saved; they count in no total or spend
+REUSED_PREFIX = "\x00reused:"
 #: the columns :func:`usage_of_table` reads (of the rows :data:`USAGE_TYPES` with a value)
 USAGE_COLUMNS = ("event_id", "event_type", "value_json", "writer_id", "writer_epoch")
 #: the event types whose rows may carry an attempt's usage
@@ -68,6 +71,8 @@ _ENTRY = pa.struct(
         ("output_tokens", pa.float64()),
         ("cost_usd", pa.float64()),
         ("unpriced_calls", pa.float64()),
+        ("reused", pa.bool_()),
+        ("saved_usd", pa.float64()),
     ]
 )
 _PAYLOAD = pa.schema([("usage", pa.list_(_ENTRY)), ("requests", pa.float64())])
@@ -84,6 +89,8 @@ def empty_usage() -> dict[str, Any]:
         "requests": 0,
         "by_model": {},
         "failed_attempts_cost_usd": 0.0,
+        "reused_calls": 0,
+        "saved_usd": 0.0,
     }
 
 
@@ -149,12 +156,15 @@ def usage_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) 
     """The usage dict of per-writer sums, without ``exclude_writer``'s."""
     out = empty_usage()
     by_model: dict[str, list[int]] = {}
-    failed = requests = 0
+    failed = requests = reused = saved = 0
     for (writer, epoch, model), s in sums.items():
         if exclude_writer is not None and (writer, epoch) == exclude_writer:
             continue
         requests += s[6]
         if model == REQUESTS_MODEL:  # requests only: no model's usage
+            continue
+        if model.startswith(REUSED_PREFIX):  # answers read from the response store: nothing spent
+            reused, saved = saturate(reused + s[0]), saturate(saved + s[4])
             continue
         m = by_model.setdefault(model, [0, 0, 0, 0, 0])
         for i in range(5):
@@ -179,6 +189,8 @@ def usage_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) 
         requests=saturate(requests),
         cost_usd=total[4] / NANOS,
         failed_attempts_cost_usd=saturate(failed) / NANOS,
+        reused_calls=reused,
+        saved_usd=saved / NANOS,
     )
     return out
 
@@ -186,7 +198,9 @@ def usage_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) 
 def spend_of_sums(sums: Sums, *, exclude_writer: tuple[str, int] | None = None) -> tuple[int, int]:
     """(nano-dollars, tokens) of per-writer sums without ``exclude_writer``'s: what a budget compares."""
     nanos = tokens = 0
-    for (writer, epoch, _), s in sums.items():
+    for (writer, epoch, model), s in sums.items():
+        if model.startswith(REUSED_PREFIX):
+            continue
         if exclude_writer is None or (writer, epoch) != exclude_writer:
             nanos += s[4]
             tokens += s[1] + s[2]
@@ -209,6 +223,12 @@ def sums_of_events(events: Iterable[Event]) -> Sums:
             continue
         calls = 0
         for e in record["usage"]:
+            if e.get("reused") is True:  # no request: its calls are reused calls, its saving its nanos
+                r = sums.setdefault((ev.writer_id, ev.writer_epoch, REUSED_PREFIX + e["model"]), [0] * 7)
+                for i, key in enumerate(_COUNTS):
+                    r[i] += bounded_count(e.get(key))
+                r[4] += _nanos(e.get("saved_usd"))
+                continue
             s = sums.setdefault((ev.writer_id, ev.writer_epoch, e["model"]), [0] * 7)
             nanos = _nanos(e.get("cost_usd"))
             for i, key in enumerate(_COUNTS):
@@ -260,9 +280,18 @@ def attempts_of_events(events: Iterable[Event]) -> list[dict[str, Any]]:
                     "requests": requests,
                     "item_id": ev.item_id,
                     **_batch_of(record),
+                    **_reused_of(e),
                 }
             )
     return rows
+
+
+def _reused_of(entry: dict[str, Any]) -> dict[str, Any]:
+    """``{"reused": True, "saved_usd"}`` of an entry of answers read from the response store, else ``{}``."""
+    if entry.get("reused") is not True:
+        return {}
+    saved = entry.get("saved_usd")
+    return {"reused": True, "saved_usd": None if saved is None else min(max(saved, 0.0), MAX_USD)}
 
 
 def _batch_of(record: dict[str, Any]) -> dict[str, Any]:
@@ -357,29 +386,38 @@ def entries_of_table(table: pa.Table) -> pa.Table:
             _ENTRIES.empty_table() if "event_key" in table.column_names else _ENTRIES.empty_table().drop(["event_key"])
         )
     entries, parents, row_requests = _entries(table)
+    # entries of reused answers: grouped under REUSED_PREFIX + model, their saving as their nanos, no request
+    reused = entries.field("reused").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
     cost = entries.field("cost_usd").fill_null(0.0).to_numpy(zero_copy_only=False)
+    if reused.any():
+        saved = entries.field("saved_usd").fill_null(0.0).to_numpy(zero_copy_only=False)
+        cost = np.where(reused, saved, cost)
     nanos = np.rint(np.clip(cost, 0.0, MAX_USD) * NANOS).astype(np.int64)
     failed_rows = pc.equal(table["event_type"], EventType.FAILED.value).to_numpy(zero_copy_only=False)
     counts = {k: _bounded(entries.field(k)) for k in _COUNTS}
+    sent_calls = np.where(reused, 0, counts["calls"])
     # an attempt that counted its requests: one more entry (REQUESTS_MODEL) with its requests beyond
     # its entries' calls, as the reference fold sums them
     counted = np.flatnonzero(~np.isnan(row_requests))
     row_calls = np.zeros(table.num_rows, np.int64)
-    np.add.at(row_calls, parents, counts["calls"])
+    np.add.at(row_calls, parents, sent_calls)
     extra = _bounded_values(row_requests[counted]) - row_calls[counted]
     rows = np.concatenate([parents, counted]).astype(np.int64)
     zeros = np.zeros(len(counted), np.int64)
     parent_idx = pa.array(rows, pa.int64())
+    models = entries.field("model").cast(pa.string())
+    if reused.any():
+        models = pc.if_else(pa.array(reused), pc.binary_join_element_wise(REUSED_PREFIX, models, ""), models)
     columns = {
         "writer_id": table["writer_id"].take(parent_idx),
         "writer_epoch": table["writer_epoch"].take(parent_idx).cast(pa.int64()),
-        "model": pa.concat_arrays(
-            [entries.field("model").cast(pa.string()), pa.array([REQUESTS_MODEL] * len(counted), pa.string())]
-        ),
+        "model": pa.concat_arrays([models, pa.array([REQUESTS_MODEL] * len(counted), pa.string())]),
         **{k: pa.array(np.concatenate([v, zeros]), pa.int64()) for k, v in counts.items()},
         "nanos": pa.array(np.concatenate([nanos, zeros]), pa.int64()),
-        "failed_nanos": pa.array(np.concatenate([np.where(failed_rows[parents], nanos, 0), zeros]), pa.int64()),
-        "requests": pa.array(np.concatenate([counts["calls"], extra]), pa.int64()),
+        "failed_nanos": pa.array(
+            np.concatenate([np.where(failed_rows[parents] & ~reused, nanos, 0), zeros]), pa.int64()
+        ),
+        "requests": pa.array(np.concatenate([sent_calls, extra]), pa.int64()),
     }
     if "event_key" in table.column_names:
         columns["event_key"] = table["event_key"].take(parent_idx)

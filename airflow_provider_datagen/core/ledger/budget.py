@@ -150,6 +150,8 @@ class RunUsage:
     def add(self, records: Iterable[UsageRecord]) -> None:
         cost = tokens = 0
         for r in records:
+            if r.reused:  # answered from the response store: nothing was spent
+                continue
             cost += to_nanos(r.cost_usd)
             tokens += r.tokens
         with self._lock:

@@ -65,6 +65,10 @@ class UsageRecord(NamedTuple):
     output_tokens: int
     #: the caller's cost, else the genai-prices price; None: unpriced
     cost_usd: float | None
+    #: answered from the response store (no request was sent; ``cost_usd`` is 0)
+    reused: bool = False
+    #: a reused answer's stored cost: what reusing it saved (None: the original was unpriced)
+    saved_usd: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -111,13 +115,21 @@ def usage_record(model: Any, input_tokens: Any, output_tokens: Any, cost_usd: An
     return UsageRecord(model, calls, input_tokens, output_tokens, cost)
 
 
+def reused_record(model: Any, input_tokens: Any, output_tokens: Any, saved_usd: Any) -> UsageRecord:
+    """The :class:`UsageRecord` of one answer read from the response store: its stored tokens, cost 0,
+    and its stored cost as ``saved_usd`` (None: unpriced, saving nothing)."""
+    checked = usage_record(model, input_tokens, output_tokens, saved_usd if saved_usd is not None else 0.0, 1)
+    return checked._replace(cost_usd=0.0, reused=True, saved_usd=None if saved_usd is None else checked.cost_usd)
+
+
 def attempt_entries(records: Iterable[UsageRecord]) -> list[dict[str, Any]]:
-    """The stored entries of one attempt's records: one per model, in the order models were first seen."""
-    by_model: dict[str, dict[str, Any]] = {}
+    """The stored entries of one attempt's records: one per model, in the order models were first seen;
+    a model's reused answers (:func:`reused_record`) in an entry of their own, ``"reused": True``."""
+    by_model: dict[tuple[str, bool], dict[str, Any]] = {}
     for r in records:
-        e = by_model.get(r.model)
+        e = by_model.get((r.model, r.reused))
         if e is None:
-            e = by_model[r.model] = {
+            e = by_model[(r.model, r.reused)] = {
                 "model": r.model,
                 "calls": 0,
                 "input_tokens": 0,
@@ -125,6 +137,10 @@ def attempt_entries(records: Iterable[UsageRecord]) -> list[dict[str, Any]]:
                 "cost_usd": None,
                 "unpriced_calls": 0,
             }
+            if r.reused:
+                e["reused"], e["saved_usd"] = True, None
+        if r.reused and r.saved_usd is not None:
+            e["saved_usd"] = (e["saved_usd"] or 0.0) + r.saved_usd
         e["calls"] += r.calls
         e["input_tokens"] += r.input_tokens
         e["output_tokens"] += r.output_tokens

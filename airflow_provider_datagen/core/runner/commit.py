@@ -46,6 +46,9 @@ class Committer(Interpreter):
 
     def flush(self) -> None:
         if len(self.batch):
+            before = self.shared.before_commit
+            if before is not None:
+                before()  # the replies these acknowledgements used are stored first
             n = self.shared.writer.commit(self.batch, wait=not self.shared.policy.pipelined)
             self.report.commits += 1
             self.report.events += n

@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_datagen.core.events import BlobRef, encode_value
-from airflow_provider_datagen.core.ledger.records import AttemptUsage, usage_record
+from airflow_provider_datagen.core.ledger.records import AttemptUsage, reused_record, usage_record
 from airflow_provider_datagen.core.runner.contract import check_field
 from airflow_provider_datagen.core.schema import ItemStatus
 from airflow_provider_datagen.exceptions import InvalidEventError, ProcessError
@@ -182,6 +182,20 @@ class ItemContext:
         charge = self.record.charge
         if charge is not None:
             charge(record, extra_requests=not self.record.own_slots)
+
+    def record_reused(
+        self, model: str, input_tokens: int = 0, output_tokens: int = 0, saved_usd: float | None = None
+    ) -> None:
+        """Record one answer read from the response store instead of asked (no request was sent).
+
+        Stored as its own usage entry (``"reused": True``, ``cost_usd`` 0, the stored tokens) and
+        summed by ``log.usage()`` as ``reused_calls`` and ``saved_usd``, never as calls, tokens or
+        spend: no budget, no rate-limit window is charged.
+
+        :param model: the usage label the original reply was recorded under.
+        :param saved_usd: the original reply's recorded cost (None: it was unpriced).
+        """
+        self._attempt_usage("ctx.record_reused").append(reused_record(model, input_tokens, output_tokens, saved_usd))
 
     def take_request_slot(self) -> None:
         """Before each model request: wait for a slot of the run's rate limit, and count the request.

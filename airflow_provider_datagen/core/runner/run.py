@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_datagen.core.ledger.budget import RunUsage
 from airflow_provider_datagen.core.planner import REDO_NEVER, as_source, classify
 from airflow_provider_datagen.core.ratelimit import open_limiter
+from airflow_provider_datagen.core.response_session import (
+    ResponseSession,
+    activate,
+    deactivate,
+    uses_response_store,
+)
 from airflow_provider_datagen.core.runner.aio import LoopThread, run_async
 from airflow_provider_datagen.core.runner.commit import chunks
 from airflow_provider_datagen.core.runner.config import RUN_OPTIONS, RunConfig
@@ -247,6 +253,12 @@ class _Wiring:
         self.steps_loop = LoopThread() if not one_step and has_async(pipeline) else None
         if self.steps_loop is not None:
             shared.bridge = self.steps_loop.call
+        self.responses = None
+        if uses_response_store(pipeline):
+            # opened before any item runs: a bad store fails the run before any request and any write
+            self.responses = ResponseSession.for_log(log)
+            shared.before_commit = self.responses.flush
+            activate(self.responses)
         self.meter = None
         budget = config.budget
         if budget.is_set or limiter is not None:
@@ -272,6 +284,13 @@ class _Wiring:
             self.steps_loop.close()
         if self.limiter is not None:
             self.limiter.close()
+        if self.responses is not None:
+            deactivate(self.responses)
+            try:
+                # every acknowledged reply was flushed before its commit: what is left answered no acknowledged step
+                self.responses.close()
+            except Exception as exc:
+                logger.warning("the replies of unacknowledged work were not stored: %s", exc)
 
 
 def _drive(

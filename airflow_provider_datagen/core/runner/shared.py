@@ -198,3 +198,6 @@ class RunShared:
     stop_starting: Callable[[], bool] | None = None
     #: this many items in a row failing with the same error stop the chunk (failures.py); None: never
     max_repeated_failures: int | None = None
+    #: called by the main thread before each commit that acknowledges work (commit.py): the response
+    #: store's write-behind flush, so a reply is stored before its item's step is acknowledged; None: none
+    before_commit: Callable[[], Any] | None = None

@@ -274,6 +274,7 @@ def _openai_row(line: dict[str, Any], asks_json: Callable[[str], bool]) -> RowRe
         body.get("model"),
         int(usage.get("prompt_tokens") or 0),
         int(usage.get("completion_tokens") or 0),
+        raw=json.dumps(body, sort_keys=True),
     )
 
 
@@ -376,7 +377,18 @@ def _anthropic_row(line: dict[str, Any]) -> RowResult:
         message.get("model"),
         int(usage.get("input_tokens") or 0),
         int(usage.get("output_tokens") or 0),
+        raw=json.dumps(message, sort_keys=True),
     )
+
+
+def row_of_reply(provider: str, custom_id: str, reply_json: str, *, asks_json: bool) -> RowResult:
+    """The succeeded row a stored reply (the response store's ``reply_json``, from an online request or a
+    batch row alike: the provider's completion or message) would have been in a batch's results."""
+    reply = json.loads(reply_json)
+    if provider == "anthropic":
+        return _anthropic_row({"custom_id": custom_id, "result": {"type": "succeeded", "message": reply}})
+    line = {"custom_id": custom_id, "response": {"status_code": 200, "body": reply}}
+    return _openai_row(line, lambda _: asks_json)
 
 
 _CLIENTS: dict[str, type[OpenAIBatchClient | AnthropicBatchClient]] = {

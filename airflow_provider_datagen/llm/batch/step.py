@@ -26,6 +26,7 @@ from airflow_provider_datagen.llm.request import BATCH_PREFIXES, PROVIDERS, Requ
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core.batch.protocol import BatchClient, RowResult
+    from airflow_provider_datagen.llm.request import LLMRequest
 
 _OWNER = "llm_batch"
 _DEFAULT_CONN_ID = "pydanticai_default"
@@ -49,6 +50,7 @@ def llm_batch(
     provider: str | None = None,
     base_url: str | None = None,
     api_key: str | None = None,
+    reuse: bool = True,
 ) -> LLMBatchStep:
     """A model step run through a provider's batch API (half the online price): ``run_batch``'s and
     ``DatagenBatchOperator``'s ``process``.
@@ -71,6 +73,10 @@ def llm_batch(
     :param base_url: the API's base URL, without a connection (code outside Airflow, tests); with
         ``api_key`` the connection is not read.
     :param api_key: the API key, without a connection.
+    :param reuse: ``True`` (the default): an item whose request's key is in the response store
+        (``<root>/datagen_responses``: online replies and earlier batches' rows alike) is recorded from
+        it and never submitted (usage entry ``"reused": True``, cost 0). ``False``: every item is
+        submitted. Either way the batch's rows are stored. Not in ``version``.
     :returns: the step; its ``version`` is a digest of the prompt, instructions, output type, model,
         connection id and settings, to pass as ``processor_version``.
     """
@@ -99,6 +105,10 @@ def llm_batch(
         )
     if model_id is not None:
         _split_model(model_id, provider)  # a model id of another provider fails when the DAG is parsed
+    if not isinstance(reuse, bool):
+        raise bad_argument(
+            _OWNER, "reuse", reuse, "is not a bool", "give True (answer from the response store) or False"
+        )
     return LLMBatchStep(
         template,
         output,
@@ -109,6 +119,7 @@ def llm_batch(
         max_requests_per_batch=max_requests_per_batch,
         max_bytes_per_batch=max_bytes_per_batch,
         endpoint=Endpoint(provider, base_url, api_key),
+        reuse=reuse,
     )
 
 
@@ -143,6 +154,8 @@ class LLMBatchStep:
     """The batch step of :func:`llm_batch` (the ``BatchStep`` of core/batch/protocol.py)."""
 
     step_name = STEP_NAME
+    #: a batch run opens the response store for it (core/batch/run.py)
+    uses_response_store = True
 
     def __init__(
         self,
@@ -156,7 +169,9 @@ class LLMBatchStep:
         max_requests_per_batch: int | None,
         max_bytes_per_batch: int | None,
         endpoint: Endpoint,
+        reuse: bool = True,
     ) -> None:
+        self.reuse = reuse
         self.template = template
         self.output = output
         self.llm_conn_id = llm_conn_id
@@ -241,9 +256,21 @@ class LLMBatchStep:
     def request(self, item: Mapping[str, Any], item_id: str, custom_id: str) -> RequestLine:
         """The provider's request body for ``item`` (its prompt rendered from the item's fields): the
         body of the :class:`~airflow_provider_datagen.llm.request.LLMRequest` ``llm_process`` sends too."""
+        return RequestLine(custom_id, self._request(item, item_id).body())
+
+    def _request(self, item: Mapping[str, Any], item_id: str) -> LLMRequest:
         provider, model = self.resolved
-        target = Target(provider, self._base_url, model, provider)
-        return RequestLine(custom_id, self.builder.build(item, {}, item_id, target).body())
+        return self.builder.build(item, {}, item_id, Target(provider, self._base_url, model, provider))
+
+    def key(self, item: Mapping[str, Any], item_id: str) -> str:
+        """The response store's key of ``item``'s request: the same as ``llm_process``'s for the same request."""
+        return self._request(item, item_id).key()
+
+    def stored_row(self, reply_json: str, custom_id: str) -> RowResult:
+        """The succeeded row of a reply read from the response store."""
+        from airflow_provider_datagen.llm.batch.clients import row_of_reply
+
+        return row_of_reply(self.resolved[0], custom_id, reply_json, asks_json=self.schema is not None)
 
     def fields(self, row: RowResult) -> dict[str, Any]:
         """The item's fields of a succeeded row, validated; :class:`OutputValidationError` names what is wrong."""

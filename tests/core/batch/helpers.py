@@ -37,12 +37,16 @@ def bases(items: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def openai_step(base_url: str, **kw: Any) -> LLMBatchStep:
+    # the batch-run tests count submissions across experiments of one root: the response store would
+    # answer their repeated prompts (its own tests pass reuse=True)
+    kw.setdefault("reuse", False)
     return llm_batch(
         kw.pop("prompt", PROMPT), model_id=kw.pop("model_id", OPENAI_MODEL), base_url=base_url, api_key="k", **kw
     )
 
 
 def anthropic_step(base_url: str, **kw: Any) -> LLMBatchStep:
+    kw.setdefault("reuse", False)
     return llm_batch(
         kw.pop("prompt", PROMPT), model_id=kw.pop("model_id", ANTHROPIC_MODEL), base_url=base_url, api_key="k", **kw
     )

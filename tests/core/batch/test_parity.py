@@ -47,6 +47,7 @@ def test_a_batch_run_exports_what_an_online_run_does_at_half_its_cost(
         assert online.failed == [] and len(online.processed) == n and fake.online_requests == n
 
         batch_log = checkpoint_log("batch")
+        # the helpers pass reuse=False: the batch itself is what this compares (with reuse it would submit nothing)
         report = run(batch_log, items, openai_step(fake.base_url))
         assert report.failed == [] and len(report.processed) == n and fake.creates == 1
 
@@ -66,3 +67,40 @@ def test_a_batch_run_exports_what_an_online_run_does_at_half_its_cost(
     for key in ("calls", "input_tokens", "output_tokens"):
         assert batch_usage[key] == online_usage[key]
     assert set(batch_usage["by_model"]) == set(online_usage["by_model"]) == {OPENAI_MODEL}
+
+
+def test_a_batch_run_after_an_online_run_of_the_same_prompts_submits_nothing(
+    checkpoint_log: Callable[..., CheckpointLog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    items = make_items(50)
+    with serving(complete_after_polls=1) as fake:
+        conn = {
+            "conn_type": "pydanticai",
+            "host": fake.base_url,
+            "password": "sk-fake",
+            "extra": {"model": "openai-chat:gpt-4o-mini"},
+        }
+        monkeypatch.setenv("AIRFLOW_CONN_LLM_PARITY", json.dumps(conn))
+        online_log = checkpoint_log("online")
+        process = llm_process(PROMPT, llm_conn_id="llm_parity")
+        run_items(online_log, items, process, processor_version=process.version, concurrency=8)  # type: ignore[attr-defined]
+        assert fake.online_requests == 50
+
+        batch_log = checkpoint_log("batch")
+        report = run(batch_log, items, openai_step(fake.base_url, reuse=True))
+        assert report.failed == [] and len(report.processed) == 50
+        assert fake.creates == 0  # every request was answered from the response store
+        assert fake.online_requests == 50
+        assert collect_results(batch_log) == collect_results(online_log)
+        usage = batch_log.usage()
+        assert (usage["calls"], usage["cost_usd"], usage["reused_calls"]) == (0, 0.0, 50)
+        assert usage["saved_usd"] == pytest.approx(online_log.usage()["cost_usd"])
+
+        # and a batch's rows are stored too: an online run after a batch run asks nothing
+        new = [{"id": f"n{k}", "text": f"new {k}"} for k in range(10)]
+        run(checkpoint_log("batch2"), new, openai_step(fake.base_url, reuse=True))
+        assert fake.creates == 1
+        again = checkpoint_log("online2")
+        run_items(again, new, process, processor_version=process.version)  # type: ignore[attr-defined]
+        assert fake.online_requests == 50
+        assert again.usage()["reused_calls"] == 10

@@ -35,6 +35,8 @@ USAGE_KEYS = {
     "unpriced_calls",
     "by_model",
     "failed_attempts_cost_usd",
+    "reused_calls",
+    "saved_usd",
 }
 
 

@@ -1,0 +1,414 @@
+"""The response store's Lance dataset: ``<root>/datagen_responses/``, one entry per request key.
+
+Every experiment under a root shares it (docs/guide/response-store.md, docs/adr/0027-response-store.md).
+An entry is made by the first successful reply to a request (its key: :meth:`LLMRequest.key
+<airflow_provider_datagen.llm.request.LLMRequest.key>`) and holds the reply (the answer, the provider's
+raw JSON), its usage and cost as recorded, and when and by which pipeline/experiment it was made.
+
+Lookups (:meth:`ResponseStore.get_many`) go through an index kept in memory: the ``key_hash`` column
+(the key's first 8 bytes as an int64) sorted once per opened store and extended by the fragments
+appended since (this process's and other writers'), so a lookup of 10,000 keys is a binary search
+and one ``take`` of the rows found, whose full keys are checked (a hash collision is a miss). Appends
+are Lance commits (Lance rebases concurrent appends), the first one a race-safe create
+(:func:`~airflow_provider_datagen.core.store.lance_io.create_dataset`), each fsynced on a local disk
+as the log's are. Two writers that both missed one key may both append it: the earliest entry answers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_datagen.core.store import lance_io
+from airflow_provider_datagen.core.store.paths import is_local, local_path
+from airflow_provider_datagen.exceptions import DatagenError, ResponseStoreError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+#: the store's directory under a root, beside ``datagen_checkpoints``
+RESPONSES_DIR = "datagen_responses"
+
+SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("key_hash", pa.int64(), nullable=False),
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("pipeline", pa.string()),
+        pa.field("experiment", pa.string()),
+        #: the usage label (``"openai:gpt-4o-mini"``) the reply's tokens were recorded under
+        pa.field("model", pa.string()),
+        #: the request's canonical form (LLMRequest.canonical) as JSON: the request as sent
+        pa.field("request_json", pa.string()),
+        #: the provider's reply, its raw JSON
+        pa.field("reply_json", pa.string()),
+        pa.field("input_tokens", pa.int64()),
+        pa.field("output_tokens", pa.int64()),
+        #: the cost recorded for the reply (None: unpriced)
+        pa.field("cost_usd", pa.float64()),
+    ]
+)
+#: how long an object store's lookups go on with the manifest they read (other writers' entries wait that long)
+REFRESH_SECONDS = 1.0
+#: the columns a lookup reads, in the order of ResponseEntry's fields
+_ENTRY_COLUMNS = [
+    "key",
+    "reply_json",
+    "model",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "request_json",
+    "pipeline",
+    "experiment",
+    "created_at",
+]
+_FIX = (
+    "point the root at a directory whose datagen_responses/ is a response store, move the damaged "
+    "directory away (a new store is made on the next reply), or pass reuse=False to the model step"
+)
+
+
+def responses_uri(root: str) -> str:
+    """The URI of the response store under ``root`` (a path or an object-store URI)."""
+    return f"{str(root).rstrip('/')}/{RESPONSES_DIR}"
+
+
+def key_hash(key: str) -> int:
+    """The ``key_hash`` of a key (64 hex digits): its first 8 bytes as a signed int64."""
+    return int(np.array([int(key[:16], 16)], dtype=np.uint64).view(np.int64)[0])
+
+
+@dataclass(frozen=True)
+class ResponseEntry:
+    """One stored reply.
+
+    :param key: the request's key.
+    :param reply_json: the provider's reply as received (raw JSON text).
+    :param model: the usage label its tokens were recorded under (``"openai:gpt-4o-mini"``).
+    :param input_tokens: the reply's input tokens.
+    :param output_tokens: the reply's output tokens.
+    :param cost_usd: its cost as recorded (None: unpriced).
+    :param request_json: the request's canonical form as JSON.
+    :param pipeline: the pipeline whose run made it.
+    :param experiment: the experiment whose run made it.
+    :param created_at: when it was made (None: now, when put).
+    """
+
+    key: str
+    reply_json: str
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    request_json: str | None = None
+    pipeline: str | None = None
+    experiment: str | None = None
+    created_at: dt.datetime | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able view (the UI's "reused from <pipeline>/<experiment>, <date>")."""
+        made = self.created_at.isoformat() if self.created_at is not None else None
+        return {"key": self.key, "pipeline": self.pipeline, "experiment": self.experiment, "created_at": made}
+
+
+class ResponseStore:
+    """The response store under a root (see the module); :meth:`open` it.
+
+    Thread-safe: a task's event loop, its worker threads and its write-behind thread share one.
+    """
+
+    def __init__(self, uri: str, storage_options: dict[str, str] | None) -> None:
+        self.uri = uri
+        self.storage_options = dict(storage_options) if storage_options else None
+        self._lock = threading.RLock()
+        self._ds: Any = None
+        #: the index: key hashes sorted, the row offset of each, and the fragments it covers
+        self._hashes = np.empty(0, np.int64)
+        self._offsets = np.empty(0, np.int64)
+        self._fragments: list[tuple[int, int]] = []  # (fragment id, rows) in dataset order
+        self._rows = 0
+        self._refreshed = 0.0
+
+    def __repr__(self) -> str:
+        return f"ResponseStore({self.uri!r})"
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str], storage_options: dict[str, str] | None = None) -> ResponseStore:
+        """The store at ``<root>/datagen_responses/`` (made by its first :meth:`put_many`).
+
+        :param root: the root (a path or an object-store URI), the same as the logs'.
+        :param storage_options: the object store's options (credentials, endpoint), as the log's.
+        :raises ResponseStoreError: what is there is not a response store, is damaged, or cannot be
+            reached; the message names the URI and the fix. Nothing is written.
+        """
+        root_s = os.fspath(root)
+        if is_local(root_s):
+            root_s = os.path.abspath(local_path(root_s))
+        store = cls(responses_uri(root_s), storage_options)
+        store.check()
+        return store
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Read the store's manifest and schema now: :class:`ResponseStoreError` if it is not usable."""
+        with self._lock:
+            self._dataset(force=True)
+
+    def _dataset(self, *, refresh: bool = False, force: bool = False) -> Any:
+        """The dataset as it is now (None while there is none); the index follows it.
+
+        A refresh of a local store is one stat when nothing was committed since (``is_latest``); an
+        object store's is a manifest read at most every :data:`REFRESH_SECONDS` unless ``force``.
+        """
+        ds = self._ds
+        if ds is not None and not force:
+            if not refresh or lance_io.is_latest(self.uri, ds):
+                return ds
+            if not is_local(self.uri) and time.monotonic() - self._refreshed < REFRESH_SECONDS:
+                return ds
+        self._refreshed = time.monotonic()
+        ds = self._open()
+        if ds is not None:
+            self._index(ds)
+        self._ds = ds
+        return ds
+
+    def _open(self) -> Any:
+        uri = self.uri
+        if is_local(uri):
+            path = local_path(uri)
+            if not os.path.exists(path) or lance_io.being_created(path):
+                return None
+            if not os.path.isdir(path) or not lance_io.has_manifest(path):
+                raise ResponseStoreError(f"the response store {uri} is not a Lance dataset; {_FIX}")
+        try:
+            ds = lance_io.open_dataset(uri, self.storage_options)
+        except lance_io.LANCE_ERRORS as exc:
+            low = str(exc).lower()
+            if not is_local(uri) and "not found" in low and not any(s in low for s in lance_io.STORE_ACCESS_ERRORS):
+                return None  # no store yet under this prefix
+            raise self._error(exc, "opening") from None
+        missing = {"key", "key_hash", "reply_json"} - set(ds.schema.names)
+        if missing:
+            raise ResponseStoreError(
+                f"the response store {uri} is a Lance dataset without the columns {sorted(missing)}: not a "
+                f"response store; {_FIX}"
+            )
+        return ds
+
+    def _error(self, exc: BaseException, action: str) -> ResponseStoreError:
+        translated = lance_io.translate(exc, self.uri, f"{action} the response store")
+        return ResponseStoreError(f"{translated} (response store {self.uri}: {_FIX})")
+
+    def _index(self, ds: Any) -> None:
+        """Bring the index up to ``ds``: the new fragments' hashes when only appends happened, else all.
+
+        Known fragments are compared by id only (their rows are not counted again): a compaction or a
+        deletion by :meth:`maintain` gives new ids; another process's deletion that was not compacted
+        yet could shift offsets, which the full key check of every row read turns into misses.
+        """
+        fragments = ds.get_fragments()
+        ids = [f.fragment_id for f in fragments]
+        known = self._fragments
+        if ids[: len(known)] != [fid for fid, _ in known]:  # compacted, deleted from, or another dataset
+            known, self._hashes, self._offsets, self._rows = [], np.empty(0, np.int64), np.empty(0, np.int64), 0
+        new = fragments[len(known) :]
+        if not new:
+            return
+        parts, offsets, at, added = [], [], self._rows, []
+        try:
+            for frag in new:
+                column = frag.to_table(columns=["key_hash"])["key_hash"]
+                rows = len(column)
+                parts.append(column.to_numpy())
+                offsets.append(np.arange(at, at + rows, dtype=np.int64))
+                added.append((frag.fragment_id, rows))
+                at += rows
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._error(exc, "reading") from None
+        hashes = np.concatenate([self._hashes, *parts])
+        all_offsets = np.concatenate([self._offsets, *offsets])
+        order = np.argsort(hashes, kind="stable")  # equal hashes keep dataset order: the earliest first
+        self._hashes, self._offsets = hashes[order], all_offsets[order]
+        self._fragments, self._rows = [*known, *added], at
+
+    def find(self, keys: Sequence[str], *, refresh: bool = True, columns: Sequence[str] | None = None) -> pa.Table:
+        """The stored rows of ``keys`` as one Arrow table (one row per stored key, the earliest entry), in one read.
+
+        :param keys: request keys (:meth:`LLMRequest.key`).
+        :param refresh: first look for entries other writers made since the last lookup (a stat on a
+            local disk, a manifest read at most every :data:`REFRESH_SECONDS` on an object store);
+            False: only what this object has seen.
+        :param columns: the columns to read (``key`` is always read); None: every column of an entry.
+        """
+        wanted_columns = ["key", *(c for c in (columns or _ENTRY_COLUMNS) if c != "key")]
+        empty = SCHEMA.empty_table().select(wanted_columns)
+        if not keys:
+            return empty
+        with self._lock:  # a snapshot of the index: the read below holds no lock (appends go on meanwhile)
+            ds = self._dataset(refresh=refresh)
+            hashes, row_offsets = self._hashes, self._offsets
+        if ds is None or not len(hashes):
+            return empty
+        wanted = np.array([int(k[:16], 16) for k in keys], dtype=np.uint64).view(np.int64)
+        pos = np.searchsorted(hashes, wanted)
+        pos[pos >= len(hashes)] = 0
+        found = hashes[pos] == wanted
+        if not found.any():
+            return empty
+        offsets = np.unique(row_offsets[pos[found]])  # ascending: the earliest entry of a key first
+        try:
+            table = ds.take(offsets, columns=wanted_columns)
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._error(exc, "reading") from None
+        # a full key check (a hash collision is a miss), then one row per key
+        table = table.filter(pc.is_in(table["key"], value_set=pa.array(list(keys), pa.string())))
+        if table.num_rows > 1:
+            codes = pc.dictionary_encode(table["key"]).combine_chunks().indices.to_numpy(zero_copy_only=False)
+            _, first = np.unique(codes, return_index=True)
+            if len(first) < table.num_rows:
+                table = table.take(pa.array(np.sort(first)))
+        return table
+
+    def get_many(self, keys: Sequence[str], *, refresh: bool = True) -> dict[str, ResponseEntry]:
+        """The stored entries of ``keys`` (the keys not stored are absent), in one read (:meth:`find`).
+
+        :param keys: request keys (:meth:`LLMRequest.key`).
+        :param refresh: see :meth:`find`.
+        """
+        table = self.find(keys, refresh=refresh)
+        if not table.num_rows:
+            return {}
+        columns = [table[name].to_pylist() for name in _ENTRY_COLUMNS]
+        return {values[0]: ResponseEntry(*values) for values in zip(*columns, strict=True)}
+
+    def get(self, key: str) -> ResponseEntry | None:
+        """The stored entry of one key, or None."""
+        return self.get_many([key]).get(key)
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def put_many(self, entries: Iterable[ResponseEntry]) -> int:
+        """Append ``entries`` in one commit, durable (fsynced on a local disk) when this returns.
+
+        :returns: how many were appended.
+        :raises ResponseStoreError: the write failed (nothing of it is stored).
+        """
+        table = _table(list(entries))
+        if not table.num_rows:
+            return 0
+        with self._lock:
+            ds = self._ds if self._ds is not None else self._dataset(force=True)
+        # the write holds no lock: lookups go on from the index meanwhile (Lance rebases concurrent appends)
+        try:
+            if ds is None:
+                ds = lance_io.create_dataset(table, self.uri, SCHEMA, self.storage_options, self._open)
+            else:
+                ds = lance_io.append_table(table, ds, SCHEMA, self.storage_options)
+            if is_local(self.uri):
+                files, _ = lance_io.committed_files(ds, 0)
+                lance_io.fsync_commit(local_path(self.uri), ds, files)
+        except DatagenError:
+            raise
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._error(exc, "writing") from None
+        with self._lock:
+            if self._ds is None or int(ds.version) >= int(self._ds.version):
+                self._index(ds)
+                self._ds = ds
+        return table.num_rows
+
+    # --- housekeeping -----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """``{"uri", "entries", "bytes", "versions", "fragments"}`` (``bytes`` is 0 on an object store)."""
+        with self._lock:
+            ds = self._dataset(refresh=True)
+            if ds is None:
+                return {"uri": self.uri, "entries": 0, "bytes": 0, "versions": 0, "fragments": 0}
+            return {
+                "uri": self.uri,
+                "entries": int(ds.count_rows()),
+                "bytes": lance_io.local_size_bytes(self.uri),
+                "versions": len(ds.versions()),
+                "fragments": len(self._fragments),
+            }
+
+    def compact(self, *, above_fragments: int = 0) -> bool:
+        """Rewrite the store's small fragments into few (each write-behind flush adds one) when it has
+        more than ``above_fragments``; safe beside other writers (Lance rebases their appends).
+
+        :returns: whether it compacted.
+        """
+        with self._lock:
+            ds = self._dataset(refresh=True)
+            if ds is None or len(self._fragments) <= above_fragments:
+                return False
+        try:
+            ds.optimize.compact_files()
+        except lance_io.LANCE_ERRORS as exc:
+            raise self._error(exc, "compacting") from None
+        with self._lock:
+            self._dataset(force=True)
+        return True
+
+    def maintain(self, older_than: dt.timedelta | None = None) -> dict[str, Any]:
+        """Drop the entries made longer ago than ``older_than`` (None: none), compact, drop old versions.
+
+        :param older_than: the age past which an entry is dropped (its request is then paid again).
+        :returns: ``{"dropped", "entries", "bytes"}``.
+        """
+        if older_than is not None and (not isinstance(older_than, dt.timedelta) or older_than.total_seconds() < 0):
+            raise ResponseStoreError(
+                f"ResponseStore.maintain: older_than={older_than!r} is not a timedelta >= 0; "
+                "give e.g. datetime.timedelta(days=90), or None"
+            )
+        with self._lock:
+            ds = self._dataset(refresh=True)
+            if ds is None:
+                return {"dropped": 0, **self.stats()}
+            before = int(ds.count_rows())
+            try:
+                if older_than is not None:
+                    cutoff = dt.datetime.now(dt.UTC) - older_than
+                    ds.delete(f"created_at < timestamp '{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}'")
+                    ds = lance_io.open_dataset(self.uri, self.storage_options)
+                ds.optimize.compact_files(materialize_deletions_threshold=0.0)
+                ds = lance_io.open_dataset(self.uri, self.storage_options)
+                ds.cleanup_old_versions(older_than=dt.timedelta(hours=1))
+            except lance_io.LANCE_ERRORS as exc:
+                raise self._error(exc, "maintaining") from None
+            self._ds = None
+            self._dataset(refresh=True)
+            after = int(ds.count_rows())
+        return {"dropped": before - after, **self.stats()}
+
+
+def _table(entries: list[ResponseEntry]) -> pa.Table:
+    now = dt.datetime.now(dt.UTC)
+    return pa.table(
+        {
+            "key": [e.key for e in entries],
+            "key_hash": [key_hash(e.key) for e in entries],
+            "created_at": [e.created_at or now for e in entries],
+            "pipeline": [e.pipeline for e in entries],
+            "experiment": [e.experiment for e in entries],
+            "model": [e.model for e in entries],
+            "request_json": [e.request_json for e in entries],
+            "reply_json": [e.reply_json for e in entries],
+            "input_tokens": [int(e.input_tokens) for e in entries],
+            "output_tokens": [int(e.output_tokens) for e in entries],
+            "cost_usd": [e.cost_usd for e in entries],
+        },
+        schema=SCHEMA,
+    )
