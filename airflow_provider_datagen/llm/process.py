@@ -160,6 +160,8 @@ def _process(executors: _ExecutorCache, version: str, engine: str) -> LLMProcess
             executor = await executors.get()
             return cast("dict[str, Any]", await executor.run(item, ctx))
 
+    # the name errors and the UI show for the step: the public function's, not this helper's
+    process.__qualname__ = "llm_process.<locals>.process"
     process.version = version  # type: ignore[attr-defined]
     process.takes_request_slots = True  # type: ignore[attr-defined]  # a slot per request, not per call
     process.uses_response_store = engine == "sdk"  # type: ignore[attr-defined]  # run_items opens the store
