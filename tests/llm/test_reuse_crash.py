@@ -61,3 +61,7 @@ def test_a_reply_that_arrived_before_a_sigkill_is_not_requested_again(tmp_path: 
         assert {r.text for r in server.requests} == {f"Repeat word {k}" for k in range(N)}
     finally:
         server.stop()
+
+
+# workers killed by signal, each a fresh interpreter: `make test` runs these, `make unit` leaves them out
+pytestmark = pytest.mark.slow

@@ -146,3 +146,7 @@ def test_an_anthropic_worker_killed_inside_create_submits_again_and_records_each
     assert log.usage() == baseline.usage()  # the orphan's rows are not in the ledger: recorded once
     assert collect_results(log) == collect_results(baseline)
     assert log.summary()["completed"] == N and batches.open_submissions(log) == []
+
+
+# workers killed by signal, each a fresh interpreter: `make test` runs these, `make unit` leaves them out
+pytestmark = pytest.mark.slow

@@ -95,3 +95,7 @@ def test_a_killed_async_run_resumes_to_the_uninterrupted_result(
     assert collect_results(log) == expected
     assert export_results(log, str(tmp_path / "resumed.lance")) == clean_fp
     assert set(statuses(log).values()) == {ItemStatus.COMPLETED.value}
+
+
+# workers killed by signal, each a fresh interpreter: `make test` runs these, `make unit` leaves them out
+pytestmark = pytest.mark.slow
