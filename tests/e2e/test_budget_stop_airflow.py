@@ -45,8 +45,11 @@ def readme_dag(dag_id: str, source: Path, destination: Path, budget_usd: float) 
             '"/data/prompts.jsonl"': repr(str(source)),
             '"my_pkg.model:answer"': repr("tests._support.procs:paid_model"),
             '"/data/results/qa_e1.lance"': repr(str(destination)),
-            'task_id="plan",': f'task_id="plan",\n        budget_usd={budget_usd!r},',
-            'task_id="generate",': f'task_id="generate",\n        budget_usd={budget_usd!r},',
+            # the quick start is a DatagenTaskGroup: the budget goes to its plan and map tasks
+            'plan_kwargs={"chunk_size": 100},': (
+                f'plan_kwargs={{"chunk_size": 100, "budget_usd": {budget_usd!r}}},\n'
+                f'        map_kwargs={{"budget_usd": {budget_usd!r}}},'
+            ),
         },
     )
 
@@ -82,23 +85,23 @@ def test_the_readme_dag_under_a_budget_stop_ends_skipped_within_a_minute(
     run_id, tis = _run(client, dag_id, readme_dag(dag_id, source, destination, BUDGET_USD), timeout=300)
     states = {key: ti["state"] for key, ti in tis.items()}
     assert states == {
-        ("plan", -1): "success",
-        **{("generate", i): "skipped" for i in range(3)},
-        ("all_done", -1): "skipped",
-        ("export", -1): "skipped",
+        ("qa.plan", -1): "success",
+        **{("qa.generate", i): "skipped" for i in range(3)},
+        ("qa.all_done", -1): "skipped",
+        ("qa.export", -1): "skipped",
     }, states
-    stopped = max(_when(ti["end_date"]) for (task, _), ti in tis.items() if task == "generate")
+    stopped = max(_when(ti["end_date"]) for (task, _), ti in tis.items() if task == "qa.generate")
     run = client.get(f"/dags/{dag_id}/dagRuns/{run_id}")
     ended = _when(run["end_date"])
     print(f"\nbudget stop: the run ended {(ended - stopped).total_seconds():.1f} s after the last map task stopped")
     assert (ended - stopped).total_seconds() < END_WITHIN_S, (stopped, ended)
 
-    sensor_log = client.task_log(dag_id, run_id, "all_done", tis[("all_done", -1)]["try_number"])
+    sensor_log = client.task_log(dag_id, run_id, "qa.all_done", tis[("qa.all_done", -1)]["try_number"])
     assert "stopped at its budget" in sensor_log, sensor_log[-3000:]
     assert "Raise budget_usd/budget_tokens" in sensor_log
     assert "budget_usd of $0.030000" in sensor_log
 
-    status = client.xcom(dag_id, run_id, "all_done", key="datagen_status")
+    status = client.xcom(dag_id, run_id, "qa.all_done", key="datagen_status")
     assert status["stopped_by_budget"] is True
     assert status["total"] == N_ITEMS and status["running"] == 0 and status["removed"] == 0
     assert status["completed"] >= 3 and status["pending"] > 0
@@ -118,9 +121,9 @@ def test_the_readme_dag_under_a_budget_stop_ends_skipped_within_a_minute(
     again = "readme_budget_raised"
     run_id, tis = _run(client, again, readme_dag(again, source, destination, 100.0), timeout=300)
     assert {ti["state"] for ti in tis.values()} == {"success"}, {k: t["state"] for k, t in tis.items()}
-    done = client.xcom(again, run_id, "all_done", key="datagen_status")
+    done = client.xcom(again, run_id, "qa.all_done", key="datagen_status")
     assert (done["completed"], done["pending"], done["stopped_by_budget"]) == (N_ITEMS, 0, False)
-    assert client.xcom(again, run_id, "export")["rows"] == N_ITEMS
+    assert client.xcom(again, run_id, "qa.export")["rows"] == N_ITEMS
     assert lance.dataset(str(destination)).count_rows() == N_ITEMS
     usage = CheckpointLog.open(root, pipeline="qa", experiment="e1").usage()
     assert usage["calls"] == N_ITEMS  # every item paid once over both runs: none asked again
