@@ -33,6 +33,8 @@ Prints a table and writes ``benchmarks/results.json``. Sections (``--only`` pick
 * ``model_step``: the model step (``run_items`` with an SDK process, ``llm_process`` per engine) against a
   raw ``AsyncOpenAI`` loop over a local OpenAI-compatible server at 100 ms, 256 and 64 in flight, with
   and without 429s (see benchmarks/model_step.py).
+* ``responses``: the response store: a lookup of 10,000 keys in 1M entries, opening it, a durable append,
+  and ``llm_process`` at 256 in flight with the store on and off (see benchmarks/responses.py).
 * ``chunk``: what one mapped task pays besides its items (its chunk's states, the closing status) at
   100k and 1M items, before and after it stopped reading the whole log (see benchmarks/chunk_overhead.py).
 
@@ -64,6 +66,7 @@ from benchmarks.concurrency import bench_concurrency
 from benchmarks.fakes import LATENCY_ENV
 from benchmarks.ledger import bench_ledger
 from benchmarks.model_step import bench_model_step
+from benchmarks.responses import bench_responses
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -763,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         "chunk",
         "batch",
         "model_step",
+        "responses",
     ]
     parser.add_argument("--only", nargs="*", choices=all_sections)
     args = parser.parse_args(argv)
@@ -787,6 +791,7 @@ def main(argv: list[str] | None = None) -> int:
                 "chunk": bench_chunk_overhead,
                 "batch": bench_batch_results,
                 "model_step": bench_model_step,
+                "responses": bench_responses,
             }
             results[name] = fn[name](tmp, args.quick)
             print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -66,7 +66,7 @@ def llm_process(
     model: Any = None,
     engine: str | None = None,
     output_retries: int = 1,
-    structured: str = "json_schema",
+    structured: str | None = None,
     reuse: bool = True,
     sample: str | int | None = None,
 ) -> LLMProcess:
@@ -119,8 +119,10 @@ def llm_process(
         with the errors, within one call (each a request: a slot and its usage); then the item fails
         (``OutputValidationError`` on the sdk engine, pydantic-ai's ``UnexpectedModelBehavior`` on its own).
     :param structured: how the sdk engine asks an OpenAI-compatible server for a structured answer:
-        ``"json_schema"`` (the response format, the default) or ``"tools"`` (one forced function call,
-        for a server without the response format). Not in ``version``; Anthropic's is always a tool.
+        ``None`` (the default): the ``json_schema`` response format, and one forced function call from the
+        first request a server refuses for it on (an HTTP 400 naming the response format: some vLLM,
+        Ollama and LiteLLM builds lack it), for the rest of the run; ``"json_schema"``: the response
+        format only; ``"tools"``: the forced function only. Not in ``version``; Anthropic's is always a tool.
     :param reuse: ``True``: a request whose key is in the root's response store is answered from it (no
         request, slot or budget; a usage entry ``"reused": True``); ``False``: always sent (and stored).
         Not in ``version``; a no-op on ``engine="pydantic-ai"``. See docs/guide/response-store.md.
@@ -196,7 +198,7 @@ class _ModelCall:
     engine: str  # "sdk" or "pydantic-ai"
     explicit: bool  # engine= was given (no fallback to pydantic-ai for a model the sdk engine does not know)
     output_retries: int
-    structured: str  # "json_schema" or "tools"
+    structured: str | None  # "json_schema", "tools", or None: the response format, a tool where refused
 
     @classmethod
     def checked(
@@ -211,7 +213,7 @@ class _ModelCall:
         model: Any,
         engine: str | None = None,
         output_retries: int = 1,
-        structured: str = "json_schema",
+        structured: str | None = None,
     ) -> _ModelCall:
         """The call of these arguments; a ``bad_argument`` error names the first that is wrong."""
         owner = _OWNER
@@ -234,8 +236,10 @@ class _ModelCall:
                 )
         if isinstance(output_retries, bool) or not isinstance(output_retries, int) or output_retries < 0:
             raise bad_argument(owner, "output_retries", output_retries, "is not an int >= 0", "e.g. 1")
-        if structured not in ("json_schema", "tools"):
-            raise bad_argument(owner, "structured", structured, "is not a mode", "give 'json_schema' or 'tools'")
+        if structured not in (None, "json_schema", "tools"):
+            raise bad_argument(
+                owner, "structured", structured, "is not a mode", "give 'json_schema', 'tools' or None (either)"
+            )
         chosen = _engine(owner, engine, model, extra)
         explicit = engine is not None
         return cls(
@@ -284,8 +288,17 @@ def _build_executor(
             return AgentExecutor(build_agent(call, output), template, output)
     except ImportError as exc:
         raise ConfigurationError(f"llm_process: engine='sdk' needs the SDKs ({exc}); {_INSTALL}") from exc
-    builder = RequestBuilder(template, output, call.instructions, {}, call.structured)
-    return SDKExecutor(builder, target, api_key, call.settings, call.output_retries, reuse, sample)
+    builder = RequestBuilder(template, output, call.instructions, {}, call.structured or "json_schema")
+    return SDKExecutor(
+        builder,
+        target,
+        api_key,
+        call.settings,
+        call.output_retries,
+        reuse,
+        sample,
+        tools_if_refused=call.structured is None,
+    )
 
 
 def _version(template: PromptTemplate, output: OutputSpec, call: _ModelCall, sample: PromptTemplate | None) -> str:

@@ -20,9 +20,12 @@ server it could not reach.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_datagen.core.error_text import error_message
 from airflow_provider_datagen.exceptions import ConfigurationError, OutputValidationError
 from airflow_provider_datagen.llm.output import validated_fields
 from airflow_provider_datagen.llm.quiet import quiet_http_logs
@@ -30,13 +33,14 @@ from airflow_provider_datagen.llm.request import PROVIDERS, Target, usage_provid
 from airflow_provider_datagen.llm.reuse import Replies, Reply
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from airflow_provider_datagen.llm.output import OutputSpec
     from airflow_provider_datagen.llm.prompt import PromptTemplate
     from airflow_provider_datagen.llm.request import LLMRequest, RequestBuilder
 
 _OWNER = "llm_process"
+logger = logging.getLogger(__name__)
 #: an OpenAI-compatible server that needs no key still needs the client to send one
 _NO_KEY = "api-key-not-set"
 
@@ -84,8 +88,11 @@ class SDKExecutor:
         output_retries: int,
         reuse: bool = True,
         sample: PromptTemplate | None = None,
+        tools_if_refused: bool = False,
     ) -> None:
         self.builder = builder
+        #: a server that refuses the json_schema response format is asked through one forced tool instead
+        self.tools_if_refused = tools_if_refused
         self.output: OutputSpec = builder.output
         self.target = target
         self.output_retries = output_retries
@@ -110,12 +117,13 @@ class SDKExecutor:
         where = f"{_OWNER}: item {ctx.item_id!r}"
         error: OutputValidationError | None = None
         for _ in range(self.output_retries + 1):
-
-            async def send(request: LLMRequest = request) -> Any:
-                await ctx.take_request_slot_async()  # after the store's lookup: a stored reply takes no slot
-                return await self._send(client, request)
-
-            got = await self._replies.get(request, ctx, send)
+            try:
+                got = await self._replies.get(request, ctx, self._sender(client, ctx, request))
+            except self._errors[0] as exc:
+                if not self._refuses_json_schema(exc, request):
+                    raise
+                request = dataclasses.replace(request, structured="tools")
+                got = await self._replies.get(request, ctx, self._sender(client, ctx, request))
             reply = got.reply
             answer, feedback = (
                 _anthropic_answer(reply, request)
@@ -133,6 +141,33 @@ class SDKExecutor:
         raise OutputValidationError(
             f"{error} (after {self.output_retries + 1} answers; raise output_retries=, or look at the prompt)"
         )
+
+    def _sender(self, client: Any, ctx: Any, request: LLMRequest) -> Callable[[], Awaitable[Any]]:
+        async def send() -> Any:
+            await ctx.take_request_slot_async()  # after the store's lookup: a stored reply takes no slot
+            return await self._send(client, request)
+
+        return send
+
+    def _refuses_json_schema(self, exc: BaseException, request: LLMRequest) -> bool:
+        """Whether ``exc`` is a server refusing the json_schema response format (then, with the default
+        ``structured=None``, this and every later request of the step go through one forced tool)."""
+        if not (self.tools_if_refused and request.schema is not None and request.structured == "json_schema"):
+            return False
+        if getattr(exc, "status_code", None) not in (400, 404, 422, 501):
+            return False
+        text = error_message(exc).lower()
+        if not any(word in text for word in ("response_format", "json_schema", "response format")):
+            return False
+        if self.builder.structured != "tools":
+            logger.warning(
+                "%s: the server at %s refuses the json_schema response format; asking it through one forced "
+                "tool instead (pass structured='tools' to skip the first try)",
+                _OWNER,
+                self.target.base_url or "the provider's API",
+            )
+            self.builder.structured = "tools"
+        return True
 
     async def _send(self, client: Any, request: LLMRequest) -> Any:
         status_error, connection_error = self._errors

@@ -62,6 +62,9 @@ class FakeOpenAI:
     retry_after: int = 7
     slow_seconds: float = 30.0
     tool_args: dict[str, Any] = field(default_factory=dict)
+    #: False: a server without the json_schema response format (vLLM, Ollama and LiteLLM builds have
+    #: lacked it), which answers such a request 400 naming response_format
+    json_schema: bool = True
     requests: list[Request] = field(default_factory=list)
     on_arrival: Callable[[Request], None] | None = None
     #: prompts seen with a "[... once]" marker: the first request of each got its failure
@@ -134,6 +137,10 @@ class FakeOpenAI:
         if status:
             request.status = int(status.group(1))
             return int(status.group(1)), {}, {"error": {"message": f"fake error {status.group(1)}", "type": "fake"}}
+        if not self.json_schema and (body.get("response_format") or {}).get("type") == "json_schema":
+            request.status = 400
+            error = {"message": "response_format type 'json_schema' is not supported", "type": "invalid_request_error"}
+            return 400, {}, {"error": error}
         if "[slow]" in text:
             self._stopping.wait(self.slow_seconds)
         # OpenAI's tools carry a "function"; Anthropic's their "name"

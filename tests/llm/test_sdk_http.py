@@ -213,6 +213,40 @@ def test_structured_tools_asks_an_openai_compatible_server_through_one_forced_fu
     )  # type: ignore[attr-defined]
 
 
+def test_a_server_without_the_json_schema_format_is_asked_through_one_forced_function(
+    server: FakeOpenAI, make_ctx: Callable[..., RecordingContext], caplog: pytest.LogCaptureFixture
+) -> None:
+    server.json_schema = False  # as some vLLM, Ollama and LiteLLM builds: a 400 naming response_format
+    process = llm_process("Say {{ w }}", llm_conn_id="llm_oa", output_type=Translation)
+    ctx = make_ctx()
+
+    async def two_items() -> list[Any]:  # one run: one event loop, one client
+        return [await process({"w": "one"}, ctx), await process({"w": "two"}, make_ctx())]
+
+    with caplog.at_level("WARNING", logger="airflow_provider_datagen.llm.sdk"):
+        assert asyncio.run(two_items()) == [{"french": "bonjour", "words": 1}] * 2
+    refused, asked, second = server.requests
+    assert refused.status == 400 and refused.body["response_format"]["type"] == "json_schema"
+    assert "response_format" not in asked.body and asked.body["tools"][0]["function"]["name"] == "final_result"
+    assert "response_format" not in second.body  # the step asks every later item through the tool at once
+    assert ctx.requests == 2  # the refused request was sent: it took its slot
+    warned = [r.getMessage() for r in caplog.records if "refuses the json_schema response format" in r.getMessage()]
+    assert warned == [
+        f"llm_process: the server at {server.base_url} refuses the json_schema response format; asking it "
+        "through one forced tool instead (pass structured='tools' to skip the first try)"
+    ]
+
+
+def test_structured_json_schema_given_keeps_the_response_format_and_fails_on_a_refusal(
+    server: FakeOpenAI, make_ctx: Callable[..., RecordingContext]
+) -> None:
+    server.json_schema = False
+    process = llm_process("Say {{ w }}", llm_conn_id="llm_oa", output_type=Translation, structured="json_schema")
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        _call(process, {"w": "one"}, make_ctx())
+    assert len(server.requests) == 1
+
+
 def test_a_retry_after_ms_header_is_the_errors_retry_after() -> None:
     import httpx2
 
