@@ -33,12 +33,14 @@ def quiet_http_logs() -> Iterator[None]:
     global _in_flight
     with _lock:
         _in_flight += 1
-        if _in_flight == 1:
-            for name in HTTP_LOGGERS:
-                logger = logging.getLogger(name)
+        for name in HTTP_LOGGERS:
+            logger = logging.getLogger(name)
+            if _in_flight == 1:
                 _saved[name] = logger.level
-                if logger.getEffectiveLevel() < logging.WARNING:
-                    logger.setLevel(logging.WARNING)
+            # each time: logging configured meanwhile (Airflow's, on the first connection read) may have
+            # set the level back while a block was open
+            if logger.getEffectiveLevel() < logging.WARNING:
+                logger.setLevel(logging.WARNING)
     try:
         yield
     finally:

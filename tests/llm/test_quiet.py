@@ -100,3 +100,15 @@ def test_the_levels_stay_quiet_between_calls_until_the_loop_shuts_down(
     finally:
         fake.stop()
         httpx2.setLevel(before)
+
+
+def test_a_level_reset_while_a_block_is_open_is_quieted_again_by_the_next_call() -> None:
+    """Airflow configures logging on the first connection read, inside the first call's block: it may set
+    an HTTP logger back to INFO while the loop's block is still open; the next call quiets it again."""
+    httpx2 = logging.getLogger("httpx2")
+    before = httpx2.level
+    with quiet_http_logs():  # the loop's block, open for the whole run
+        httpx2.setLevel(logging.INFO)  # logging configured meanwhile
+        with quiet_http_logs():  # the next call
+            assert httpx2.getEffectiveLevel() == logging.WARNING
+    assert httpx2.level == before  # the last block restores what was there before the run
