@@ -69,13 +69,10 @@ class BatchRun(Recording):
 
     def __init__(self, log: CheckpointLog, items: Iterable[Any], step: BatchStep, config: BatchConfig) -> None:
         self.config = config
-        self.redo_other = config.redo_other
+        #: submissions of one item per run (Recording reads it too)
+        self.max_attempts = config.max_attempts
         self.log = log
         self.step = step
-        self.processor_version = config.processor_version
-        self.max_attempts = config.max_attempts
-        self.budget_usd = config.budget_usd
-        self.budget_tokens = config.budget_tokens
         # run_items's items: dicts, or the SourceItems a plan's chunk gives (core/chunks.chunk_items)
         self.items: list[SourceItem] = as_source(items, config.key_field)
         self.by_id = {it.item_id: it for it in self.items}
@@ -227,7 +224,7 @@ class BatchRun(Recording):
                 same
                 and state is not None
                 and state.status in DONE
-                and not (self.redo_other and state.processor_version != self.processor_version)
+                and not (self.config.redo_other and state.processor_version != self.config.processor_version)
             ):
                 if it.item_id not in self._reported:
                     self.report.skipped.append(it.item_id)
@@ -239,7 +236,7 @@ class BatchRun(Recording):
                 same
                 and state is not None
                 and state.status == ItemStatus.RUNNING.value
-                and state.processor_version == self.processor_version
+                and state.processor_version == self.config.processor_version
             )
             attempt = 1 if fresh or state is None else state.attempts + 1
             todo.append((it, attempt, fresh))
@@ -254,7 +251,7 @@ class BatchRun(Recording):
                 cid = custom_id(it.item_id, it.fingerprint, attempt)
                 if fresh:
                     b.item_created(
-                        it.item_id, input_fingerprint=it.fingerprint, processor_version=self.processor_version
+                        it.item_id, input_fingerprint=it.fingerprint, processor_version=self.config.processor_version
                     )
                 self.submitted[it.item_id] = self.submitted.get(it.item_id, 0) + 1
                 try:
@@ -320,12 +317,12 @@ class BatchRun(Recording):
 
     def _affordable(self, wanted: int) -> int:
         """How many of ``wanted`` items the budget lets one submission hold (all without a budget)."""
-        if self.budget_usd is None and self.budget_tokens is None:
+        if self.config.budget_usd is None and self.config.budget_tokens is None:
             return wanted
         nanos, tokens = self.log.usage_spend()
         spent_usd = nanos / 1e9
-        if (self.budget_usd is not None and spent_usd >= self.budget_usd) or (
-            self.budget_tokens is not None and tokens >= self.budget_tokens
+        if (self.config.budget_usd is not None and spent_usd >= self.config.budget_usd) or (
+            self.config.budget_tokens is not None and tokens >= self.config.budget_tokens
         ):
             self.report.stopped_by_budget = True
             logger.warning(
@@ -336,10 +333,10 @@ class BatchRun(Recording):
         if not done:
             return wanted  # nothing known yet of what an item costs
         cap = wanted
-        if self.budget_usd is not None and spent_usd > 0:
-            cap = min(cap, math.floor((self.budget_usd - spent_usd) / (spent_usd / done)))
-        if self.budget_tokens is not None and tokens > 0:
-            cap = min(cap, math.floor((self.budget_tokens - tokens) / (tokens / done)))
+        if self.config.budget_usd is not None and spent_usd > 0:
+            cap = min(cap, math.floor((self.config.budget_usd - spent_usd) / (spent_usd / done)))
+        if self.config.budget_tokens is not None and tokens > 0:
+            cap = min(cap, math.floor((self.config.budget_tokens - tokens) / (tokens / done)))
         if cap < wanted:
             self.report.stopped_by_budget = cap == 0
             logger.info(
