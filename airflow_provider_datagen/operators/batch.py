@@ -14,6 +14,7 @@ from airflow_provider_datagen._arguments import bad_argument
 from airflow_provider_datagen.core.batch.cancel import cancel_each
 from airflow_provider_datagen.exceptions import BatchAPIError, ItemsFailedError
 from airflow_provider_datagen.experiment import DatagenExperiment, resolve_version
+from airflow_provider_datagen.operators import lineage
 from airflow_provider_datagen.operators.base import (
     REPORT_XCOM_KEY,
     DatagenChunkOperator,
@@ -266,9 +267,15 @@ class DatagenBatchOperator(DatagenChunkOperator):
         carry = _Carry(**resume)
         return self._rounds(context, step, self.get_log(), carry)
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (its provider installed): the chunk's source as an input, the experiment's log as the output."""
+        return lineage.operator_lineage(self)
+
     def _rounds(self, context: Context, step: BatchStep, event_log: CheckpointLog, carry: _Carry) -> dict[str, Any]:
         """Rounds of the batch run until nothing is open (deferring in between when deferrable)."""
         spec = self.spec()
+        # here, not in execute: a resumed task (execute_complete) is a new operator object
+        lineage.record(self, inputs=[lineage.chunk_source(spec, self.source)], outputs=[event_log.uri])
         items, key_field, processor_version = self._items(spec, step)
         redo = spec.redo_completed if spec is not None else (self.redo_completed or "never")
         run = self._run(context, event_log, items, step, key_field, processor_version, carry.epoch, redo)

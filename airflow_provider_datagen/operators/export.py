@@ -15,6 +15,7 @@ from airflow_provider_datagen._arguments import (
 )
 from airflow_provider_datagen.core.export_spec import FORMATS
 from airflow_provider_datagen.core.uri import has_scheme
+from airflow_provider_datagen.operators import lineage
 from airflow_provider_datagen.operators.base import DatagenBaseOperator, folded_status
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ class DatagenExportOperator(DatagenBaseOperator):
             format=self.format,
             include_blobs=self.include_blobs,
         )
+        self.record_lineage(event_log.uri, result)
         if result["removed"]:
             self.log.info(
                 "%d completed items are not in the current source (their rows were deleted) and were not exported; "
@@ -175,6 +177,17 @@ class DatagenExportOperator(DatagenBaseOperator):
             )
         self.push_status(context, folded_status(event_log))
         return result
+
+    def record_lineage(self, log_uri: str, result: dict[str, Any]) -> None:
+        """Keep what this export read and wrote for its OpenLineage event; the columns only when it is enabled."""
+        columns = None
+        if lineage.enabled():
+            columns = lineage.exported_columns(self.destination, self.hook.storage_options or None, self.format)
+        lineage.record(self, inputs=[log_uri], outputs=[self.destination], columns=columns, rows=result["rows"])
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (its provider installed): the log as an input, the destination (columns, rows) as output."""
+        return lineage.operator_lineage(self)
 
 
 def asset_uri(destination: str) -> str:

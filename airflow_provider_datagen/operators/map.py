@@ -16,6 +16,7 @@ from airflow_provider_datagen.exceptions import ConfigurationError, ItemsFailedE
 
 # a light module (no Lance, pyarrow or numpy): DAG parsing may import it
 from airflow_provider_datagen.experiment import DatagenExperiment, resolve_version
+from airflow_provider_datagen.operators import lineage
 from airflow_provider_datagen.operators.base import (
     REPORT_XCOM_KEY,
     DatagenChunkOperator,
@@ -249,6 +250,10 @@ class DatagenMapOperator(DatagenChunkOperator):
             self, "max_repeated_failures", max_repeated_failures, allow_none=True
         )
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (its provider installed): the chunk's source as an input, the experiment's log as the output."""
+        return lineage.operator_lineage(self)
+
     def _items(self, spec: ChunkSpec | None) -> tuple[list[Any], str]:
         """The items of this chunk (or of the whole source without a plan) and their key field."""
         # Deferred: core imports Lance, which DAG parsing must not pay for.
@@ -284,6 +289,7 @@ class DatagenMapOperator(DatagenChunkOperator):
         process = resolve_process(self.process)
         event_log = self.get_log()
         spec = self.spec()
+        lineage.record(self, inputs=[lineage.chunk_source(spec, self.source)], outputs=[event_log.uri])
         items, key_field = self._items(spec)
         # the plan's choices travel in its chunk; without a plan, this task's own or the defaults
         if spec is not None:

@@ -11,6 +11,7 @@ from airflow_provider_datagen._arguments import (
     check_non_empty_str,
 )
 from airflow_provider_datagen.experiment import DatagenExperiment, resolve_version
+from airflow_provider_datagen.operators import lineage
 from airflow_provider_datagen.operators.base import DatagenBaseOperator
 
 if TYPE_CHECKING:
@@ -146,10 +147,15 @@ class DatagenPlanOperator(DatagenBaseOperator):
                 ", ".join(f"{v}: {n}" for v, n in kept.items()),
             )
         self.record_source(event_log, result)
+        lineage.record(self, inputs=[lineage.planned_source(self.source, result.specs)])
         self.push_status(context, result.status)
         # redo_completed is in each chunk; the kwarg beside it stays for whoever reads this XCom by it,
         # and the map operator only checks it against the chunk's
         return [{"chunk": s.to_xcom(), "redo_completed": self.redo_completed} for s in result.specs]
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (with its provider installed): the source it read as an input dataset."""
+        return lineage.operator_lineage(self)
 
     def record_source(self, event_log: CheckpointLog, result: PlannedChunks) -> None:
         """Record beside the log which source this plan read, for the UI's next-run panel and item inputs.
