@@ -2,9 +2,10 @@
 
 The agent comes from the common.ai provider's ``PydanticAIHook`` (its connection gives the provider,
 base URL, API key and default model), or is built around the step's ``model=`` (a pydantic-ai
-``Model``: ``TestModel``, ``FunctionModel``). Its model takes a slot of the run's rate limit per
-request and records each reply's tokens (:mod:`~airflow_provider_datagen.llm.slots`). For tools,
-``agent_kwargs`` and the models only pydantic-ai knows.
+``Model``: ``TestModel``, ``FunctionModel``). Its model answers a request from the run's response
+store when its key is there (:mod:`~airflow_provider_datagen.llm.agent_reuse`), else takes a slot of
+the run's rate limit and records the reply's tokens (:mod:`~airflow_provider_datagen.llm.slots`). For
+tools, ``agent_kwargs`` and the models only pydantic-ai knows.
 """
 
 from __future__ import annotations
@@ -27,37 +28,46 @@ _INSTALL = "install the model-step extra: pip install 'airflow-provider-datagen[
 class AgentExecutor:
     """Runs an item's prompt through the step's agent.
 
-    :param agent: the pydantic-ai agent (its model wrapped by ``with_slots``).
+    :param agent: the pydantic-ai agent (its model wrapped by ``with_slots`` and ``with_store``).
     :param template: the step's prompt template.
     :param output: the step's output type.
+    :param sample: the step's ``sample=`` template (None: no sample), rendered per item into the keys.
     """
 
-    def __init__(self, agent: Any, template: PromptTemplate, output: OutputSpec) -> None:
+    def __init__(
+        self, agent: Any, template: PromptTemplate, output: OutputSpec, sample: PromptTemplate | None = None
+    ) -> None:
         self.agent = agent
         self.template = template
         self.output = output
+        self.sample = sample
         self._lease: Any = None  # held until the loop shuts down: see _quiet_until_shutdown
 
     async def run(self, item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         """The item's fields of the agent's answer."""
-        from airflow_provider_datagen.llm.slots import item_context  # loaded with the agent already
+        from airflow_provider_datagen.llm.agent_reuse import item_request  # loaded with the agent already
+        from airflow_provider_datagen.llm.slots import item_context
 
         if self._lease is None:
             self._lease = _quiet_until_shutdown()
             await self._lease.__anext__()  # registered with the loop: shutdown_asyncgens() ends it
 
+        # a sample naming a field the item lacks fails it before any request, as the prompt does
+        sample = None if self.sample is None else self.sample.render(item, ctx.fields, ctx.item_id)
         text = self.template.render(item, ctx.fields, ctx.item_id)
-        # the agent's model takes a slot per request and records each reply's tokens (llm/slots.py)
-        with item_context(ctx):
+        # the agent's model answers from the store or takes a slot per request and records its tokens
+        with item_context(ctx), item_request(ctx, sample):
             result = await self.agent.run(text)
         return self.output.fields_of(result.output)
 
 
-def build_agent(call: Any, output: OutputSpec) -> Any:
-    """The step's agent (run in a worker thread): its model takes the run's slots.
+def build_agent(call: Any, output: OutputSpec, reuse: bool = True) -> Any:
+    """The step's agent (run in a worker thread): its model answers from the response store, else takes
+    the run's slots.
 
     :param call: the step's ``_ModelCall`` (llm/process.py).
     :param output: the step's output type.
+    :param reuse: answer a request from the store when its key is there (``False``: send, and store).
     """
     extra = dict(call.extra)
     if call.output_retries != 1 and "retries" not in extra:
@@ -80,7 +90,10 @@ def build_agent(call: Any, output: OutputSpec) -> Any:
             agent = _hook_agent(call.llm_conn_id, call.model_id, agent_output, call.instructions, call.settings, extra)
     except ImportError as exc:
         raise ConfigurationError(f"llm_process: a model step needs pydantic-ai ({exc}); {_INSTALL}") from exc
-    agent.model = with_slots(agent.model)
+    from airflow_provider_datagen.llm.agent_reuse import agent_replies, with_store
+
+    # the store outside the slots: a stored reply takes no slot (one Replies per agent, so per event loop)
+    agent.model = with_store(with_slots(agent.model), agent_replies(reuse))
     if output.schema is not None:
         agent.output_validator(output.check_answer)
     return agent

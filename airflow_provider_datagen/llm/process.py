@@ -125,7 +125,7 @@ def llm_process(
         format only; ``"tools"``: the forced function only. Not in ``version``; Anthropic's is always a tool.
     :param reuse: ``True``: a request whose key is in the root's response store is answered from it (no
         request, slot or budget; a usage entry ``"reused": True``); ``False``: always sent (and stored).
-        Not in ``version``; a no-op on ``engine="pydantic-ai"``. See docs/guide/response-store.md.
+        Not in ``version``; both engines (not ``TestModel``/``FunctionModel``): docs/guide/response-store.md.
     :param sample: a template (``"{{ sample_index }}"``) or an int telling samples of one prompt apart
         (distinct keys); in ``version``, never sent. A name the item lacks fails it before any request.
     :returns: the process; its ``version`` attribute is a digest of the prompt, instructions, output type,
@@ -151,10 +151,10 @@ def llm_process(
     )
     sample_template = _sample_template(owner, reuse, sample)
     executors = _ExecutorCache(functools.partial(_build_executor, call, template, output, reuse, sample_template))
-    return _process(executors, _version(template, output, call, sample_template), call.engine)
+    return _process(executors, _version(template, output, call, sample_template))
 
 
-def _process(executors: _ExecutorCache, version: str, engine: str) -> LLMProcess:
+def _process(executors: _ExecutorCache, version: str) -> LLMProcess:
     """The step's ``async def process(item, ctx)``, with its ``version`` and what the runner reads of it."""
 
     async def process(item: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
@@ -166,7 +166,7 @@ def _process(executors: _ExecutorCache, version: str, engine: str) -> LLMProcess
     process.__qualname__ = "llm_process.<locals>.process"
     process.version = version  # type: ignore[attr-defined]
     process.takes_request_slots = True  # type: ignore[attr-defined]  # a slot per request, not per call
-    process.uses_response_store = engine == "sdk"  # type: ignore[attr-defined]  # run_items opens the store
+    process.uses_response_store = True  # type: ignore[attr-defined]  # run_items opens the store (both engines)
     return process
 
 
@@ -272,7 +272,7 @@ def _build_executor(
     from airflow_provider_datagen.llm.agent import AgentExecutor, build_agent
 
     if call.engine == "pydantic-ai":
-        return AgentExecutor(build_agent(call, output), template, output)
+        return AgentExecutor(build_agent(call, output, reuse), template, output, sample)
     try:
         from airflow_provider_datagen.llm.connection import read_connection
         from airflow_provider_datagen.llm.request import RequestBuilder
@@ -285,7 +285,7 @@ def _build_executor(
         except UnknownModelError:
             if call.explicit:
                 raise
-            return AgentExecutor(build_agent(call, output), template, output)
+            return AgentExecutor(build_agent(call, output, reuse), template, output, sample)
     except ImportError as exc:
         raise ConfigurationError(f"llm_process: engine='sdk' needs the SDKs ({exc}); {_INSTALL}") from exc
     builder = RequestBuilder(template, output, call.instructions, {}, call.structured or "json_schema")
