@@ -190,7 +190,11 @@ class SDKExecutor:
 
     def _record(self, ctx: Any, got: Reply) -> None:
         if got.model:
-            ctx.record_usage(model=got.model, input_tokens=got.input_tokens, output_tokens=got.output_tokens, calls=1)
+            # the key only within a run (a context outside one may not take it)
+            keyed = {} if got.key is None else {"request_key": got.key}
+            ctx.record_usage(
+                model=got.model, input_tokens=got.input_tokens, output_tokens=got.output_tokens, calls=1, **keyed
+            )
 
     def _parse(self, text: str) -> Any:
         """The SDK's reply object of a stored reply's JSON."""
