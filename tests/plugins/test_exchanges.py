@@ -195,3 +195,42 @@ def test_long_texts_are_cut_with_a_note() -> None:
     shown = capped("x" * (MAX_TEXT + 10))
     assert shown["truncated"] is True and len(shown["text"]) == MAX_TEXT and shown["chars"] == MAX_TEXT + 10
     assert capped("short") == {"text": "short", "truncated": False, "chars": 5}
+
+
+def _row(key: str, attempt: int = 1, reused: bool = False) -> dict[str, Any]:
+    return {"attempt": attempt, "step": "gen", "status": "completed", "model": "m", "key": key, "reused": reused}
+
+
+def test_a_sent_request_whose_key_another_experiment_stored_says_whose_reply_is_shown() -> None:
+    from airflow_provider_datagen.core.store.responses import ResponseEntry
+    from airflow_provider_datagen.plugins.exchange_view import item_exchanges
+
+    mine, theirs = "a" * 64, "b" * 64
+    entries = {
+        mine: ResponseEntry(key=mine, reply_json="{}", model="m", pipeline=P, experiment="e"),
+        theirs: ResponseEntry(key=theirs, reply_json="{}", model="m", pipeline=P, experiment="other"),
+    }
+    asked: list[list[str]] = []
+
+    def lookup(keys: list[str]) -> dict[str, Any]:
+        asked.append(keys)
+        return {k: entries[k] for k in keys if k in entries}
+
+    out = item_exchanges([_row(mine), _row(theirs), _row(mine, attempt=2), _row("c" * 64, 2)], lookup, P, "e")
+    assert asked == [[mine, theirs, "c" * 64]]  # one lookup, each key once
+    first, second = out["attempts"]
+    assert [x["other_reply"] for x in first["exchanges"]] == [False, True]
+    assert [x["stored"] for x in second["exchanges"]] == [True, False]
+
+
+def test_a_page_shows_at_most_max_exchanges() -> None:
+    from airflow_provider_datagen.plugins.exchange_view import MAX_EXCHANGES, item_exchanges
+
+    rows = [_row(f"{i:064x}") for i in range(MAX_EXCHANGES + 5)]
+    out = item_exchanges(rows, lambda keys: {}, P, "e")
+    assert (out["total"], out["shown"]) == (MAX_EXCHANGES + 5, MAX_EXCHANGES)
+    assert sum(len(a["exchanges"]) for a in out["attempts"]) == MAX_EXCHANGES
+    # a lookup that raises is the page's "unavailable" note, never an error
+    broken = item_exchanges(rows[:1], lambda keys: 1 / 0, P, "e")
+    assert broken["message"] == "response store unavailable: ZeroDivisionError: division by zero"
+    assert broken["attempts"][0]["exchanges"][0]["stored"] is False
