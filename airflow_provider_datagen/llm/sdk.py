@@ -136,7 +136,8 @@ class SDKExecutor:
                 return validated_fields(self.output, answer, where)
             except OutputValidationError as exc:
                 error = exc
-                request = request.followed_by(*feedback(str(exc)))
+                # what was wrong, without the item's id: the retry's key must not depend on it
+                request = request.followed_by(*feedback(str(exc).removeprefix(f"{where}: ")))
         assert error is not None
         raise OutputValidationError(
             f"{error} (after {self.output_retries + 1} answers; raise output_retries=, or look at the prompt)"
