@@ -4,12 +4,14 @@
 
 1. with ``reuse=True``, the run's store is looked up by the request's key (:meth:`LLMRequest.key
    <airflow_provider_datagen.llm.request.LLMRequest.key>`) before any rate-limit slot is taken: a
-   stored reply is the answer (no request, no slot, no budget), recorded with ``ctx.record_reused``;
+   stored reply is the answer (no request, no slot, no budget), recorded with ``ctx.record_reused``
+   (with its key, so the item page shows the exchange);
 2. a request of the same key already in flight in this task (another item asking the same) is waited
    for and counts as reused (single flight);
 3. otherwise the request is sent (its slot taken then) and its 2xx reply queued for the store
    (``reuse=False`` too: the reply is still stored, unless its key is). A failed request (429, 4xx, 5xx, a timeout)
-   raises before anything is stored.
+   raises before anything is stored. The :class:`Reply` carries the key: the engine records the
+   reply's usage with it (``ctx.record_usage(..., request_key=reply.key)``).
 
 Outside a run of ``run_items`` (no response session) every request is sent and nothing is stored.
 """
@@ -41,6 +43,9 @@ class Reply:
     output_tokens: int
     #: the entry it was read from (None: the request was sent for it)
     reused_from: ResponseEntry | None = None
+    #: the request's key in the response store (None: outside a run, no store); the engine records
+    #: a sent reply's usage with it (``ctx.record_usage(..., request_key=)``) for the item page
+    key: str | None = None
 
 
 class Replies:
@@ -82,13 +87,13 @@ class Replies:
                 entry = await asyncio.shield(pending)
                 if entry is None:  # that request failed: ask again (or wait for the next one asking)
                     continue
-            return self._reused(entry, ctx)
+            return self._reused(entry, ctx, key)
         future: asyncio.Future[ResponseEntry | None] = asyncio.get_running_loop().create_future()
         self._inflight.setdefault(key, future)
         entry = None
         try:
             reply = await send()
-            got = self._sent(reply)
+            got = self._sent(reply, key)
             entry = _entry(key, request, got, session)
             # one entry per key: with reuse=False the key may be stored already (not stored again)
             if self.reuse or await self._lookup(session, key) is None:
@@ -99,16 +104,16 @@ class Replies:
                 del self._inflight[key]
             future.set_result(entry)
 
-    def _sent(self, reply: Any) -> Reply:
+    def _sent(self, reply: Any, key: str | None = None) -> Reply:
         usage = self._usage(reply)
         model, tokens_in, tokens_out = usage if usage is not None else ("", 0, 0)
-        return Reply(reply, model, tokens_in, tokens_out)
+        return Reply(reply, model, tokens_in, tokens_out, key=key)
 
-    def _reused(self, entry: ResponseEntry, ctx: Any) -> Reply:
+    def _reused(self, entry: ResponseEntry, ctx: Any, key: str) -> Reply:
         reply = self._parse(entry.reply_json)
         if entry.model:
-            ctx.record_reused(entry.model, entry.input_tokens, entry.output_tokens, entry.cost_usd)
-        return Reply(reply, entry.model, entry.input_tokens, entry.output_tokens, entry)
+            ctx.record_reused(entry.model, entry.input_tokens, entry.output_tokens, entry.cost_usd, request_key=key)
+        return Reply(reply, entry.model, entry.input_tokens, entry.output_tokens, entry, key)
 
 
 class _Lookups:

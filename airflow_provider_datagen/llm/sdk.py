@@ -136,7 +136,8 @@ class SDKExecutor:
                 return validated_fields(self.output, answer, where)
             except OutputValidationError as exc:
                 error = exc
-                request = request.followed_by(*feedback(str(exc)))
+                # what was wrong, without the item's id: the retry's key must not depend on it
+                request = request.followed_by(*feedback(str(exc).removeprefix(f"{where}: ")))
         assert error is not None
         raise OutputValidationError(
             f"{error} (after {self.output_retries + 1} answers; raise output_retries=, or look at the prompt)"
@@ -190,7 +191,11 @@ class SDKExecutor:
 
     def _record(self, ctx: Any, got: Reply) -> None:
         if got.model:
-            ctx.record_usage(model=got.model, input_tokens=got.input_tokens, output_tokens=got.output_tokens, calls=1)
+            # the key only within a run (a context outside one may not take it)
+            keyed = {} if got.key is None else {"request_key": got.key}
+            ctx.record_usage(
+                model=got.model, input_tokens=got.input_tokens, output_tokens=got.output_tokens, calls=1, **keyed
+            )
 
     def _parse(self, text: str) -> Any:
         """The SDK's reply object of a stored reply's JSON."""

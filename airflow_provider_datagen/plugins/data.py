@@ -33,12 +33,15 @@ from airflow_provider_datagen.exceptions import ConfigurationError, DatagenError
 from airflow_provider_datagen.hooks.datagen import DatagenHook, redact_uri
 from airflow_provider_datagen.plugins.access import Writers
 from airflow_provider_datagen.plugins.cache import VersionedCache
+from airflow_provider_datagen.plugins.exchange_view import StoreUnavailable, item_exchanges, unavailable_reason
 from airflow_provider_datagen.plugins.insights import next_run, open_batches, spend_panel, throughput
 from airflow_provider_datagen.plugins.item_view import RESOLVED_STATUSES, attempt_facts, iso, item_data
 from airflow_provider_datagen.plugins.ti_view import TaskInstanceKey, current_status, key_ranges, scan_task_instance
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from airflow_provider_datagen.core.store.responses import ResponseEntry, ResponseStore
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +166,10 @@ class Reader:
         self._insights = VersionedCache()
         # one entry per experiment: the index page asks for every experiment on each request
         self._writers = VersionedCache(size=4096)
+        #: the response store under the root, opened by the first item page that shows an exchange
+        #: (its lookup index is kept and extended, not rebuilt per page)
+        self._responses: ResponseStore | None = None
+        self._responses_lock = threading.Lock()
 
     @property
     def shown_root(self) -> str:
@@ -424,7 +431,7 @@ class Reader:
             raise NotFoundError(f"no item {item_id!r} in {pipeline}/{experiment}: give a non-empty item id")
         event_log, version = self.open(pipeline, experiment)
         source = self.source_of(event_log)
-        return self._items.get(
+        data = self._items.get(
             (pipeline, experiment, version, item_id, self.source_key(source)),
             lambda: {
                 **with_chunk_labels(
@@ -433,6 +440,44 @@ class Reader:
                 "usage": item_usage_of(event_log, item_id),
             },
         )
+        # read per page, not cached with the log's version: the store changes on its own (another
+        # experiment's replies, maintenance), and a store down now may be back on the next page
+        page = {k: v for k, v in data.items() if k != "logged_exchanges"}  # the cached dict stays whole
+        page["exchanges"] = self.exchanges(pipeline, experiment, data.get("logged_exchanges") or [])
+        return page
+
+    def exchanges(self, pipeline: str, experiment: str, logged: list[dict[str, Any]]) -> dict[str, Any]:
+        """The item page's exchanges (:func:`~.exchange_view.item_exchanges`): its logged request keys
+        read from the response store under the root in one lookup; a store that cannot be opened or
+        read is said so on the page."""
+        if not logged:
+            return item_exchanges(logged, None, pipeline, experiment)
+        try:
+            store = self._response_store()
+        except Exception as exc:  # unreachable, damaged, no credentials
+            logger.warning("item page: the response store under %s cannot be opened: %s", self.shown_root, exc)
+            return item_exchanges(logged, None, pipeline, experiment, unavailable_reason(exc))
+
+        def lookup(keys: list[str]) -> dict[str, ResponseEntry]:
+            try:
+                found = store.get_many(keys)
+            except Exception:
+                with self._responses_lock:  # opened afresh on the next page
+                    self._responses = None
+                raise
+            if not found and store.stats()["entries"] == 0:
+                raise StoreUnavailable(f"there is no response store at {redact_uri(store.uri)} (or it is empty)")
+            return found
+
+        return item_exchanges(logged, lookup, pipeline, experiment)
+
+    def _response_store(self) -> ResponseStore:
+        from airflow_provider_datagen.core.store.responses import ResponseStore
+
+        with self._responses_lock:
+            if self._responses is None:
+                self._responses = ResponseStore.open(self.root, self.storage_options or None)
+            return self._responses
 
     def blob(self, pipeline: str, experiment: str, event_id: str) -> tuple[bytes, dict[str, Any]]:
         """A blob's bytes and what it is (``value_kind`` ``bytes`` or ``json``, item and field)."""

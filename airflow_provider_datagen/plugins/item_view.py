@@ -21,6 +21,7 @@ from airflow_provider_datagen.core.schema import STORED_STATUS_TRANSIENT
 from airflow_provider_datagen.core.store.snapshots import snapshot_texts
 from airflow_provider_datagen.core.store.source_ref import PATH
 from airflow_provider_datagen.exceptions import NotFoundError
+from airflow_provider_datagen.plugins.exchange_view import logged_exchanges
 
 if TYPE_CHECKING:
     from airflow_provider_datagen.core import CheckpointLog, Event, FailureRecord
@@ -304,4 +305,6 @@ def item_data(
         "children_total": children_total,
         "input_versions": versions,
         "events": [event_dict(ev, rejected.get(ev.event_id)) for ev in mine],
+        # the requests its attempts made, by key: the reader looks them up in the response store
+        "logged_exchanges": logged_exchanges(mine),
     }

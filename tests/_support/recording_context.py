@@ -34,6 +34,7 @@ class RecordingContext:
         output_tokens: int = 0,
         cost_usd: float | None = None,
         calls: int = 1,
+        request_key: str | None = None,
     ) -> None:
         self.usage.append(
             {
@@ -42,5 +43,6 @@ class RecordingContext:
                 "output_tokens": output_tokens,
                 "cost_usd": cost_usd,
                 "calls": calls,
+                **({} if request_key is None else {"request_key": request_key}),
             }
         )

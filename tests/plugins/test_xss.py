@@ -100,3 +100,54 @@ def test_json_keeps_raw_values(client: TestClient, hostile: Any) -> None:
     assert data["item_id"] == RAW_ID
     assert data["fields"][IMG] == SCRIPT
     assert data["failures"][0]["message"] == SCRIPT
+
+
+@pytest.fixture(scope="module")
+def hostile_exchange(ui_log: Any, ui_root: Any) -> Any:
+    """An attempt whose request, reply and stored origin are hostile text, reused from the store."""
+    import json
+
+    from airflow_provider_datagen.core import ResponseStore
+    from airflow_provider_datagen.core.store.responses import ResponseEntry
+
+    key = "ab" * 32
+    request = {
+        "messages": [{"role": f"user{ATTR}", "content": SCRIPT}, {"role": "user", "content": [{"text": IMG}]}],
+        "settings": {IMG: SCRIPT},
+        "schema": {"properties": {SCRIPT: {"type": "string", "description": ATTR}}},
+        "model": f"m{SCRIPT}",
+        "provider": IMG,
+        "base_url": ATTR,
+        "sample": SCRIPT,
+    }
+    reply = {"choices": [{"message": {"content": SCRIPT}}], "model": IMG}
+    entry = ResponseEntry(
+        key=key,
+        reply_json=json.dumps(reply),
+        model=f"openai:{IMG}",
+        request_json=json.dumps(request),
+        pipeline=f"p{SCRIPT}",
+        experiment=ATTR,
+    )
+    ResponseStore.open(str(ui_root)).put_many([entry])
+    lg = ui_log("xss", "exchange")
+    usage = {"model": f"openai:{IMG}", "calls": 1, "input_tokens": 1, "output_tokens": 1, "cost_usd": 0.0}
+    with lg.writer("w1", 1).batch() as b:
+        b.item_created(RAW_ID, input_fingerprint="fp")
+        value = {"attempt": 1, "usage": [{**usage, "reused": True, "saved_usd": None, "request_keys": [key]}]}
+        b.step_completed(RAW_ID, step="gen", value=value)
+        b.terminal(RAW_ID)
+    return lg
+
+
+def test_a_hostile_exchange_renders_as_text(client: TestClient, hostile_exchange: Any) -> None:
+    r = client.get("/datagen/experiments/xss/exchange/item", params={"id": RAW_ID})
+    assert r.status_code == 200, r.text[:300]
+    html = r.text
+    _assert_inert(html)
+    section = html[html.index("<h2 id='exchanges'>") : html.index("<h2>Failures</h2>")]
+    assert f"<pre>{escaped(SCRIPT)}</pre>" in section  # the user message, as text
+    assert f"reused from <b>{escaped(f'p{SCRIPT}')}/{escaped(ATTR)}</b>" in section
+    assert escaped(f'"content": "{SCRIPT}"') in section  # the reply, pretty-printed
+    assert escaped(f'"{IMG}": "{SCRIPT}"') in section  # the settings
+    assert escaped(f"user{ATTR}") in section and escaped(f"openai:{IMG}") in section

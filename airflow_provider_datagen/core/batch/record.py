@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
@@ -214,7 +215,9 @@ class Recording:
                     done.append((item.item_id, encoded, encode_value({"attempt": attempt, "usage": usage})))
                     continue
                 if store is not None and row.raw is not None:
-                    store.put(self._response_entry(item, row, usage))
+                    response = self._response_entry(item, row, usage)
+                    store.put(response)
+                    usage_json = _keyed_json(usage_json, response.key)  # the item page's exchange
                 done.append((item.item_id, encoded, _completed_value(attempt, batch_json, cid, usage_json)))
         if done and store is not None:
             store.flush()  # the rows' replies are in the response store before the rows are acknowledged
@@ -248,13 +251,15 @@ class Recording:
 
         step: Any = self.step
         assert self.responses is not None and row.raw is not None
+        request = step.llm_request(item.data, item.item_id)
         return ResponseEntry(
-            key=step.key(item.data, item.item_id),
+            key=request.key(),
             reply_json=row.raw,
             model=usage[0]["model"],
             input_tokens=row.input_tokens,
             output_tokens=row.output_tokens,
             cost_usd=usage[0]["cost_usd"],
+            request_json=json.dumps(request.canonical(), sort_keys=True, default=str),
             pipeline=self.responses.pipeline,
             experiment=self.responses.experiment,
         )
@@ -346,9 +351,19 @@ def _completed_value(attempt: int, batch_json: str, cid: str, usage_json: str) -
     return EncodedValue(VALUE_KIND_JSON, text, None, len(raw), digest(raw))
 
 
+def _keyed_json(usage_json: str, key: str) -> str:
+    """One sent entry's canonical JSON (:meth:`Recording._usage`, shared by rows of equal usage) with
+    the row's ``"request_keys": [key]`` in its sorted place, after ``output_tokens`` (always followed
+    by ``unpriced_calls``; the pattern cannot occur inside a string, whose quotes are escaped)."""
+    at = usage_json.index('"output_tokens":')
+    end = usage_json.index(",", at)
+    return f'{usage_json[:end]},"request_keys":["{key}"]{usage_json[end:]}'
+
+
 def _reused_usage(entry: Any) -> tuple[list[dict[str, Any]], str]:
-    """The usage entries (and their JSON) of an answer read from the response store."""
-    entries = attempt_entries([reused_record(entry.model, entry.input_tokens, entry.output_tokens, entry.cost_usd)])
+    """The usage entries (and their JSON) of an answer read from the response store, with its key."""
+    record = reused_record(entry.model, entry.input_tokens, entry.output_tokens, entry.cost_usd, entry.key)
+    entries = attempt_entries([record])
     return entries, canonical_json(entries, what="usage of a reused answer")
 
 

@@ -8,6 +8,10 @@ per model (see docs/adr/0011-usage-ledger.md)::
      "cost_usd": 0.001366, "unpriced_calls": 0}
 
 ``cost_usd`` sums the priced calls (None when none was priced); ``unpriced_calls`` counts the others.
+An entry of calls whose requests have a response-store key (the model step's) also stores
+``"request_keys": [key, ...]``, one per call in the order they were made (a reused entry's: the keys
+its answers were read by), so the item page can show each exchange; the sums never read it, and an
+older entry without it is read as before.
 An attempt whose process counted its model requests (``ctx.take_request_slot``, one per HTTP
 request, failed ones included) also stores ``"requests": k``, also when it recorded no usage (its
 FAILED row then stores ``{"attempt": n, "transient": ..., "requests": k}``); without the key the
@@ -20,6 +24,7 @@ Values are bounded per call (:data:`MAX_TOKENS`, :data:`MAX_COST_USD`): a larger
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_datagen.core.ledger.pricing import price_usd
@@ -35,6 +40,8 @@ MAX_MODEL = 200
 MAX_TOKENS = 10**12
 #: the most USD one call may record
 MAX_COST_USD = 10**6
+#: a response-store key (:meth:`LLMRequest.key <airflow_provider_datagen.llm.request.LLMRequest.key>`)
+REQUEST_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 class AttemptUsage(list["UsageRecord"]):
@@ -69,6 +76,8 @@ class UsageRecord(NamedTuple):
     reused: bool = False
     #: a reused answer's stored cost: what reusing it saved (None: the original was unpriced)
     saved_usd: float | None = None
+    #: the response-store key of the call's request (None: not known, or not one request)
+    request_key: str | None = None
 
     @property
     def tokens(self) -> int:
@@ -90,13 +99,34 @@ def _too_large(param: str, value: Any, limit: int, unit: str, calls: int) -> Usa
     )
 
 
-def usage_record(model: Any, input_tokens: Any, output_tokens: Any, cost_usd: Any, calls: Any) -> UsageRecord:
+def _request_key(key: Any, calls: int) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not REQUEST_KEY.fullmatch(key):
+        raise bad_argument(
+            _OWNER,
+            "request_key",
+            key,
+            "is not a request key",
+            "give LLMRequest.key() (64 lowercase hex digits), or None",
+        )
+    if calls != 1:
+        raise bad_argument(
+            _OWNER, "request_key", key, f"names one request but calls={calls}", "record each request's call on its own"
+        )
+    return key
+
+
+def usage_record(
+    model: Any, input_tokens: Any, output_tokens: Any, cost_usd: Any, calls: Any, request_key: Any = None
+) -> UsageRecord:
     """A :class:`UsageRecord` of the arguments, checked; priced with genai-prices unless ``cost_usd`` is given."""
     if not isinstance(model, str) or not model or len(model) > MAX_MODEL:
         raise bad_argument(
             _OWNER, "model", model, "is not a model name", "give the model's name, e.g. 'openai:gpt-5-mini'"
         )
     calls = _count("calls", calls, 1)
+    key = _request_key(request_key, calls)
     input_tokens = _count("input_tokens", input_tokens, 0)
     output_tokens = _count("output_tokens", output_tokens, 0)
     for param, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
@@ -112,19 +142,23 @@ def usage_record(model: Any, input_tokens: Any, output_tokens: Any, cost_usd: An
         cost: float | None = float(cost_usd)
     else:
         cost = price_usd(model, input_tokens, output_tokens)
-    return UsageRecord(model, calls, input_tokens, output_tokens, cost)
+    return UsageRecord(model, calls, input_tokens, output_tokens, cost, request_key=key)
 
 
-def reused_record(model: Any, input_tokens: Any, output_tokens: Any, saved_usd: Any) -> UsageRecord:
+def reused_record(
+    model: Any, input_tokens: Any, output_tokens: Any, saved_usd: Any, request_key: Any = None
+) -> UsageRecord:
     """The :class:`UsageRecord` of one answer read from the response store: its stored tokens, cost 0,
     and its stored cost as ``saved_usd`` (None: unpriced, saving nothing)."""
-    checked = usage_record(model, input_tokens, output_tokens, saved_usd if saved_usd is not None else 0.0, 1)
+    cost = saved_usd if saved_usd is not None else 0.0
+    checked = usage_record(model, input_tokens, output_tokens, cost, 1, request_key)
     return checked._replace(cost_usd=0.0, reused=True, saved_usd=None if saved_usd is None else checked.cost_usd)
 
 
 def attempt_entries(records: Iterable[UsageRecord]) -> list[dict[str, Any]]:
     """The stored entries of one attempt's records: one per model, in the order models were first seen;
-    a model's reused answers (:func:`reused_record`) in an entry of their own, ``"reused": True``."""
+    a model's reused answers (:func:`reused_record`) in an entry of their own, ``"reused": True``; the
+    records' request keys, where known, as the entry's ``"request_keys"``."""
     by_model: dict[tuple[str, bool], dict[str, Any]] = {}
     for r in records:
         e = by_model.get((r.model, r.reused))
@@ -141,6 +175,12 @@ def attempt_entries(records: Iterable[UsageRecord]) -> list[dict[str, Any]]:
                 e["reused"], e["saved_usd"] = True, None
         if r.reused and r.saved_usd is not None:
             e["saved_usd"] = (e["saved_usd"] or 0.0) + r.saved_usd
+        if r.request_key is not None:
+            keys = e.get("request_keys")
+            if keys is None:
+                e["request_keys"] = [r.request_key]
+            else:
+                keys.append(r.request_key)
         e["calls"] += r.calls
         e["input_tokens"] += r.input_tokens
         e["output_tokens"] += r.output_tokens

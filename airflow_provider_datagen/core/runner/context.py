@@ -164,6 +164,7 @@ class ItemContext:
         output_tokens: int = 0,
         cost_usd: float | None = None,
         calls: int = 1,
+        request_key: str | None = None,
     ) -> None:
         """Record model usage of this attempt: stored with the step's completion, or its failure.
 
@@ -174,17 +175,26 @@ class ItemContext:
         limit, the tokens are charged to its token window now, and ``calls`` beyond the first
         count as requests unless the process takes its own slots (``takes_request_slots``).
 
+        ``request_key`` (one call's: ``calls=1``) is the response-store key of the request it paid
+        for (:meth:`LLMRequest.key <airflow_provider_datagen.llm.request.LLMRequest.key>`), stored in
+        the usage entry's ``"request_keys"`` so the item page shows the exchange.
+
         :raises UsageValueError: a token count above 10**12 or a cost above 10**6 USD.
         :raises ProcessError: called after the attempt ended (its row is already staged).
         """
-        record = usage_record(model, input_tokens, output_tokens, cost_usd, calls)
+        record = usage_record(model, input_tokens, output_tokens, cost_usd, calls, request_key)
         self._attempt_usage("ctx.record_usage").append(record)
         charge = self.record.charge
         if charge is not None:
             charge(record, extra_requests=not self.record.own_slots)
 
     def record_reused(
-        self, model: str, input_tokens: int = 0, output_tokens: int = 0, saved_usd: float | None = None
+        self,
+        model: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        saved_usd: float | None = None,
+        request_key: str | None = None,
     ) -> None:
         """Record one answer read from the response store instead of asked (no request was sent).
 
@@ -194,8 +204,10 @@ class ItemContext:
 
         :param model: the usage label the original reply was recorded under.
         :param saved_usd: the original reply's recorded cost (None: it was unpriced).
+        :param request_key: the key the answer was read by (stored in the entry's ``"request_keys"``).
         """
-        self._attempt_usage("ctx.record_reused").append(reused_record(model, input_tokens, output_tokens, saved_usd))
+        record = reused_record(model, input_tokens, output_tokens, saved_usd, request_key)
+        self._attempt_usage("ctx.record_reused").append(record)
 
     def take_request_slot(self) -> None:
         """Before each model request: wait for a slot of the run's rate limit, and count the request.

@@ -266,6 +266,10 @@ class LLMBatchStep:
         """The response store's key of ``item``'s request: the same as ``llm_process``'s for the same request."""
         return self._request(item, item_id).key()
 
+    def llm_request(self, item: Mapping[str, Any], item_id: str) -> LLMRequest:
+        """``item``'s request (the one :meth:`key` digests), as the response store records it."""
+        return self._request(item, item_id)
+
     def stored_row(self, reply_json: str, custom_id: str) -> RowResult:
         """The succeeded row of a reply read from the response store."""
         from airflow_provider_datagen.llm.batch.clients import row_of_reply

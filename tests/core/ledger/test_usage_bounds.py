@@ -46,9 +46,11 @@ def test_the_bounds_scale_with_calls() -> None:
         context_module.usage_record("m", 3 * 10**12 + 1, 0, 0.0, 3)
 
 
-def _unchecked(model: Any, input_tokens: Any, output_tokens: Any, cost_usd: Any, calls: Any) -> UsageRecord:
+def _unchecked(
+    model: Any, input_tokens: Any, output_tokens: Any, cost_usd: Any, calls: Any, request_key: Any = None
+) -> UsageRecord:
     """What an older version recorded: the values as given, unchecked."""
-    return UsageRecord(model, calls, input_tokens, output_tokens, cost_usd)
+    return UsageRecord(model, calls, input_tokens, output_tokens, cost_usd, request_key=request_key)
 
 
 def test_a_log_holding_older_unbounded_values_stays_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
