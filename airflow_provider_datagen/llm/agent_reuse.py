@@ -31,7 +31,7 @@ from pydantic_ai.models.wrapper import WrapperModel
 
 from airflow_provider_datagen.llm.request import TRANSPORT_SETTINGS, _stable_value
 from airflow_provider_datagen.llm.reuse import Replies
-from airflow_provider_datagen.llm.usage import model_label
+from airflow_provider_datagen.llm.usage import model_label, sending
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
@@ -137,7 +137,8 @@ class StoreModel(WrapperModel):
         )
 
         async def send() -> _Stored:
-            return _Stored(await wrapped.request(messages, model_settings, model_request_parameters))
+            with sending(request.key()):  # the slot's model records the reply's usage with its key
+                return _Stored(await wrapped.request(messages, model_settings, model_request_parameters))
 
         # Replies asks of a request only its key() and canonical() (typed as the sdk engine's LLMRequest)
         got = await self.replies.get(cast("Any", request), ctx, send)
@@ -176,6 +177,7 @@ class AgentRequest:
         #: computed once, when the key is first asked (before the request is awaited: the agent appends
         #: to the same history afterwards)
         self._canonical: dict[str, Any] | None = None
+        self._key: str | None = None
 
     def canonical(self) -> dict[str, Any]:
         """The request's canonical form (docs/guide/response-store.md): nothing of the item id, the experiment,
@@ -210,7 +212,13 @@ class AgentRequest:
         }
 
     def key(self) -> str:
-        """The SHA-256 (hex) of :meth:`canonical` as canonical JSON, as ``LLMRequest.key`` digests its form."""
+        """The SHA-256 (hex) of :meth:`canonical` as canonical JSON, as ``LLMRequest.key`` digests its form
+        (computed once: the store's lookup and the usage record of a sent request both ask)."""
+        if self._key is None:
+            self._key = self._digest()
+        return self._key
+
+    def _digest(self) -> str:
         text = json.dumps(
             self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_stable_value
         )

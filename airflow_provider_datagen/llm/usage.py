@@ -8,10 +8,26 @@ the ledger (``cost_usd=None``: priced from the model name), so there is one pric
 
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
+
+#: the response-store key of the request being sent (set by the store's wrapper around the slot's model,
+#: read when its reply's usage is recorded), so the item page finds the exchange of a sent request too
+_REQUEST_KEY: ContextVar[str | None] = ContextVar("datagen_request_key", default=None)
+
+
+@contextlib.contextmanager
+def sending(key: str | None) -> Iterator[None]:
+    """The request of ``key`` is being sent in this context: its reply's usage is recorded with the key."""
+    token = _REQUEST_KEY.set(key)
+    try:
+        yield
+    finally:
+        _REQUEST_KEY.reset(token)
 
 
 def model_label(response: Any) -> str:
@@ -40,5 +56,8 @@ def usage_by_model(messages: Iterable[Any]) -> dict[str, tuple[int, int, int]]:
 
 def record_usage(ctx: Any, messages: Iterable[Any]) -> None:
     """Record the usage of ``messages``' replies on ``ctx``, one call per model (nothing if none replied)."""
+    key = _REQUEST_KEY.get()
+    # the key only when there is one: a test's context may not take it
+    extra = {"request_key": key} if key is not None else {}
     for label, (input_tokens, output_tokens, calls) in usage_by_model(messages).items():
-        ctx.record_usage(model=label, input_tokens=input_tokens, output_tokens=output_tokens, calls=calls)
+        ctx.record_usage(model=label, input_tokens=input_tokens, output_tokens=output_tokens, calls=calls, **extra)

@@ -209,3 +209,22 @@ def test_an_in_process_model_is_never_stored(tmp_path: Path) -> None:
     report = run_items(open_log(tmp_path, "a"), _items(3), process, processor_version=process.version)
     assert len(report.processed) == 3
     assert not (tmp_path / RESPONSES_DIR).exists()
+
+
+def _usage_keys(log: Any, item: str) -> list[tuple[bool, list[str]]]:
+    (ev,) = [e for e in log.events(item) if e.event_type.value == "STEP_COMPLETED"]
+    return [(e.get("reused", False), e.get("request_keys", [])) for e in json.loads(ev.value_json)["usage"]]
+
+
+def test_sent_and_reused_usage_carry_the_request_key_for_the_item_page(server: FakeOpenAI, tmp_path: Path) -> None:
+    """The item page finds an exchange by the key in its usage entry: a sent request's too (the slot's model
+    records its usage with the key the store's wrapper is sending), as the sdk engine's."""
+    process = llm_process("Repeat {{ text }}", llm_conn_id="llm_agent_reuse", engine=AGENT)
+    first, second = open_log(tmp_path, "first"), open_log(tmp_path, "second")
+    run_items(first, _items(2), process, processor_version=process.version)
+    run_items(second, _items(2), process, processor_version=process.version)
+    store = ResponseStore.open(tmp_path)
+    for item in ("q0", "q1"):
+        ((reused, keys),) = _usage_keys(first, item)
+        assert reused is False and len(keys) == 1 and store.get(keys[0]) is not None
+        assert _usage_keys(second, item) == [(True, keys)]
