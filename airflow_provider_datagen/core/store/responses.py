@@ -229,10 +229,11 @@ class ResponseStore:
         try:
             for frag in fragments[len(known) :]:
                 table = frag.to_table(columns=["key", "key_hash"])
-                fragment_words, ok = _key_words(table["key"])
                 added.append(table["key_hash"].to_numpy())
-                words.append(fragment_words)
-                valid.append(ok)
+                for chunk in table["key"].chunks:  # each Arrow chunk's buffer kept as it is
+                    chunk_words, ok = _key_words(chunk)
+                    words.append(chunk_words)
+                    valid.append(ok)
         except lance_io.LANCE_ERRORS as exc:  # nothing of the index changed
             raise self._error(exc, "reading") from None
         if added:
@@ -266,7 +267,7 @@ class ResponseStore:
             todo = todo[pos[todo] < len(hashes)]
             todo = todo[hashes[pos[todo]] == wanted[todo]]
             candidates = row_offsets[pos[todo]]
-            same = (stored[candidates] == words[todo]).all(axis=1)
+            same = (_gather(stored, candidates) == words[todo]).all(axis=1)
             offsets[todo[same]] = candidates[same]
             todo = todo[~same]  # another key with the same hash: try the next entry of that hash
             pos[todo] += 1
@@ -427,27 +428,48 @@ class ResponseStore:
 
 
 class _Keys:
-    """The stored keys (64 characters as 8 words) by row offset, grown in place.
+    """The stored keys (64 characters as 8 words) by row offset: the key buffers as Lance read them (no
+    copy), an append's small ones joined to the last part so that many small appends make few parts.
 
-    A lookup's snapshot (:meth:`view`) reads rows below its length only, which an append never changes.
+    Copied on write: a lookup's snapshot (:meth:`view`) is never changed by a later append.
     """
 
     def __init__(self) -> None:
-        self._buf = np.zeros((0, 8), np.uint64)
-        self._rows = 0
+        self._parts: list[np.ndarray] = []
+        self._starts = np.zeros(1, np.int64)  # each part's first row offset, then the row count
 
-    def view(self) -> np.ndarray:
-        return self._buf[: self._rows]
+    def view(self) -> tuple[list[np.ndarray], np.ndarray]:
+        return self._parts, self._starts
 
-    def extend(self, parts: list[np.ndarray]) -> None:
-        rows = self._rows + sum(len(p) for p in parts)
-        if rows > len(self._buf):  # one copy of what is there, at most one per doubling
-            buf = np.zeros((max(rows, 2 * len(self._buf) if self._rows else 0, 1024), 8), np.uint64)
-            buf[: self._rows] = self._buf[: self._rows]
-            self._buf = buf
-        for part in parts:
-            self._buf[self._rows : self._rows + len(part)] = part
-            self._rows += len(part)
+    def extend(self, chunks: list[np.ndarray]) -> None:
+        parts, sizes = list(self._parts), list(np.diff(self._starts))
+        for chunk in chunks:
+            if parts and len(parts[-1]) < _SMALL_PART and len(chunk) < _SMALL_PART:
+                parts[-1] = np.concatenate([parts[-1], chunk])
+                sizes[-1] += len(chunk)
+            else:
+                parts.append(chunk)
+                sizes.append(len(chunk))
+        self._parts, self._starts = parts, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+
+
+#: parts of fewer keys than this are joined (a write-behind flush appends a few hundred)
+_SMALL_PART = 4096
+
+
+def _gather(view: tuple[list[np.ndarray], np.ndarray], offsets: np.ndarray) -> np.ndarray:
+    """The stored keys at ``offsets`` (row offsets) of a :class:`_Keys` view."""
+    parts, starts = view
+    if len(parts) == 1:
+        return parts[0][offsets]
+    out = np.empty((len(offsets), 8), np.uint64)
+    which = np.searchsorted(starts, offsets, side="right") - 1
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(len(parts) + 1))
+    for part in np.flatnonzero(np.diff(bounds)).tolist():
+        rows = order[bounds[part] : bounds[part + 1]]
+        out[rows] = parts[part][offsets[rows] - starts[part]]
+    return out
 
 
 def _key_words(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -460,10 +482,10 @@ def _key_words(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray
     ok = ok_arrow.to_numpy(zero_copy_only=False)
     if not ok.all():
         arr = pc.if_else(ok_arrow, arr, pa.scalar("\0" * 64))
+    if not len(arr):
+        return np.zeros((0, 8), np.uint64), ok
     _, offsets_buf, data_buf = arr.buffers()
     start = int(np.frombuffer(offsets_buf, np.int32, 1, arr.offset * 4)[0])
-    if start % 8:
-        return np.frombuffer(data_buf, np.uint8, 64 * len(arr), start).copy().view(np.uint64).reshape(-1, 8), ok
     return np.frombuffer(data_buf, np.uint64, 8 * len(arr), start).reshape(-1, 8), ok
 
 

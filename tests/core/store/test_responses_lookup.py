@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_datagen.core import ResponseStore
+from airflow_provider_datagen.core.store import responses
 from airflow_provider_datagen.core.store.responses import (
     RESPONSES_DIR,
     ResponseEntry,
@@ -97,3 +98,18 @@ def test_the_vectorized_hash_is_key_hash() -> None:
     assert ok.all() and (words == _key_words(pa.array(keys[:3]))[0]).all()
     assert _key_words(pa.array(["short", None, keys[0]]))[1].tolist() == [False, False, True]
     assert np.array_equal(_key_words(pa.array([], pa.string()))[1], np.zeros(0, bool))
+
+
+def test_keys_kept_in_many_parts_are_found_in_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every append its own part of the in-memory keys (as a store read in 8,192-key chunks is)
+    monkeypatch.setattr(responses, "_SMALL_PART", 1)
+    store = ResponseStore.open(tmp_path)
+    for b in range(4):
+        store.put_many([ResponseEntry(_key(b * 10 + i), f'"{b * 10 + i}"', "m") for i in range(3)])
+    keys = [_key(b * 10 + i) for b in (3, 0, 2) for i in range(3)] + [_key(99)]
+    for reader in (store, ResponseStore.open(tmp_path)):
+        assert len(reader._keys.view()[0]) == 4
+        got = reader.get_many(keys)
+        assert {k: e.reply_json for k, e in got.items()} == {
+            _key(n): f'"{n}"' for b in (3, 0, 2) for n in range(b * 10, b * 10 + 3)
+        }
