@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 from typing import TYPE_CHECKING
@@ -65,6 +66,8 @@ def test_an_entry_read_back_equals_the_one_put(tmp_path: Path) -> None:
     light = store.get_many([_key(1)], request_json=False)[_key(1)]
     assert light.request_json is None and light == ResponseEntry(**{**entry.__dict__, "request_json": None})
     assert store.get_many([_key(1), _key(2)])[_key(2)].created_at == made  # one instant, read once, both right
+    # get_many sets the fields by name, in this order, without the dataclass's __init__
+    assert [f.name for f in dataclasses.fields(ResponseEntry)] == responses._ENTRY_COLUMNS
 
 
 def test_a_deletion_by_another_writer_is_followed_not_read_at_shifted_rows(tmp_path: Path) -> None:
