@@ -5,10 +5,11 @@ An entry is made by the first successful reply to a request (its key: :meth:`LLM
 <airflow_provider_datagen.llm.request.LLMRequest.key>`) and holds the reply (the answer, the provider's
 raw JSON), its usage and cost as recorded, and when and by which pipeline/experiment it was made.
 
-Lookups (:meth:`ResponseStore.get_many`) go through an index kept in memory: the ``key_hash`` column
-(the key's first 8 bytes as an int64) sorted once per opened store and extended by the fragments
-appended since (this process's and other writers'), so a lookup of 10,000 keys is a binary search
-and one ``take`` of the rows found, whose full keys are checked (a hash collision is a miss). Appends
+Lookups (:meth:`ResponseStore.get_many`) go through an index kept in memory: every key's ``key_hash``
+(its first 8 bytes as an int64) sorted, and every key itself (~80 bytes an entry in all), read once per
+opened store and extended by the fragments appended since (this process's and other writers'), so a
+lookup of 10,000 keys is a binary search, a comparison of the whole keys in memory (a hash collision
+is a miss) and one ``take`` of the rows found, without their ``key`` column. Appends
 are Lance commits (Lance rebases concurrent appends), the first one a race-safe create
 (:func:`~airflow_provider_datagen.core.store.lance_io.create_dataset`), each fsynced on a local disk
 as the log's are. Two writers that both missed one key may both append it: the earliest entry answers.
