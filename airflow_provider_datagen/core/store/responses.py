@@ -139,7 +139,7 @@ class ResponseStore:
         self._hashes = np.empty(0, np.int64)
         self._offsets = np.empty(0, np.int64)
         self._keys = _Keys()
-        self._fragments: list[tuple[int, int]] = []  # (fragment id, live rows) in dataset order
+        self._fragments: list[tuple[int, int, str]] = []  # (fragment id, live rows, data file) in dataset order
         self._rows = 0
         self._refreshed = 0.0
 
@@ -218,12 +218,13 @@ class ResponseStore:
     def _index(self, ds: Any) -> None:
         """Bring the index up to ``ds``: the new fragments' keys when only appends happened, else all.
 
-        Known fragments are compared by id and live row count: a compaction by :meth:`maintain` gives
-        new ids, a deletion (this process's or another's, compacted or not) changes a count; either
-        rebuilds the index, so the row offsets it holds are always ``ds``'s.
+        Known fragments are compared by id, live row count and data file: a compaction by :meth:`maintain`
+        gives new ids, a deletion (this process's or another's, compacted or not) changes a count, a
+        store made again in the same place has other files; each rebuilds the index, so the keys and row
+        offsets it holds are always ``ds``'s.
         """
         fragments = ds.get_fragments()
-        now = [(f.fragment_id, int(f.metadata.num_rows)) for f in fragments]
+        now = [(f.fragment_id, int(f.metadata.num_rows), f.metadata.files[0].path) for f in fragments]
         known, hashes, offsets, keys, rows = self._fragments, self._hashes, self._offsets, self._keys, self._rows
         if now[: len(known)] != known:  # compacted, deleted from, or another dataset
             known, hashes, offsets, keys, rows = [], np.empty(0, np.int64), np.empty(0, np.int64), _Keys(), 0
@@ -557,10 +558,10 @@ def _merge(
 
 def _table(entries: list[ResponseEntry]) -> pa.Table:
     for e in entries:  # what a lookup can find: a key is 64 characters, its first 16 hex digits (key_hash)
-        if not isinstance(e.key, str) or len(e.key) != 64 or not _HEX.fullmatch(e.key[:16]):
+        if not isinstance(e.key, str) or len(e.key) != 64 or not e.key.isascii() or not _HEX.fullmatch(e.key[:16]):
             raise ResponseStoreError(
-                f"ResponseStore.put_many: the key {e.key!r} is not a request's key (64 characters, the first 16 "
-                "hex digits); give LLMRequest.key() of the request the reply answers"
+                f"ResponseStore.put_many: the key {e.key!r} is not a request's key (64 ASCII characters, the first "
+                "16 hex digits); give LLMRequest.key() of the request the reply answers"
             )
     now = dt.datetime.now(dt.UTC)
     return pa.table(
