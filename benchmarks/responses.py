@@ -4,7 +4,8 @@
 * ``lookup_miss``: 10,000 keys none of which is stored (the first experiment over new prompts).
 * ``lookup_hit``: 10,000 stored keys (a second experiment: every reply read back), as one Arrow
   table (``find``), its token columns only, and as ``ResponseEntry`` objects (``get_many``), with and
-  without the requests (``request_json=False``: what the model step reads); in the store as written
+  without the requests (``request_json=False``: what the model step reads) and without their provenance
+  too (``provenance=False``: the reply, its model, tokens and cost only); in the store as written
   (20 fragments) and again after ``compact()`` (one fragment, as ``maintain`` leaves it).
 * ``put``: one durable append of 256 entries (a write-behind flush at 256 in flight).
 * ``throughput``: ``run_items`` of ``llm_process`` (sdk engine) at 256 in flight against a local server
@@ -100,6 +101,7 @@ def _lookups(store: Any, hits: list[str], misses: list[str], repeats: int) -> di
         "lookup_hit_tokens_only_ms_per_10k": lambda: store.find(hits, columns=["input_tokens", "output_tokens"]),
         "get_many_entries_ms_per_10k": lambda: store.get_many(hits),
         "get_many_without_requests_ms_per_10k": lambda: store.get_many(hits, request_json=False),
+        "get_many_answers_only_ms_per_10k": lambda: store.get_many(hits, request_json=False, provenance=False),
     }
     times: dict[str, list[float]] = {name: [] for name in measures}
     for _ in range(repeats):

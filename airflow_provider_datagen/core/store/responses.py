@@ -74,6 +74,8 @@ _ENTRY_COLUMNS = [
     "experiment",
     "created_at",
 ]
+#: an entry's provenance: who made it, and when (the UI's "reused from <pipeline>/<experiment>, <date>")
+_PROVENANCE = ("pipeline", "experiment", "created_at")
 _FIX = (
     "point the root at a directory whose datagen_responses/ is a response store, move the damaged "
     "directory away (a new store is made on the next reply), or pass reuse=False to the model step"
@@ -309,7 +311,7 @@ class ResponseStore:
         return [distinct[i] for i in found.tolist()], table
 
     def get_many(
-        self, keys: Sequence[str], *, refresh: bool = True, request_json: bool = True
+        self, keys: Sequence[str], *, refresh: bool = True, request_json: bool = True, provenance: bool = True
     ) -> dict[str, ResponseEntry]:
         """The stored entries of ``keys`` (the keys not stored are absent), in one read (as :meth:`find`).
 
@@ -317,12 +319,16 @@ class ResponseStore:
         :param refresh: see :meth:`find`.
         :param request_json: read each entry's request too; False: ``request_json`` is None (a
             lookup that only answers requests: the request is as large as the reply to read).
+        :param provenance: read who made each entry and when; False: ``pipeline``, ``experiment`` and
+            ``created_at`` are None (three columns fewer: ~15 ms per 10,000 at random in 1M).
         """
-        read = [c for c in _ENTRY_COLUMNS[1:] if request_json or c != "request_json"]
+        skip = (set() if request_json else {"request_json"}) | (set() if provenance else set(_PROVENANCE))
+        read = [c for c in _ENTRY_COLUMNS[1:] if c not in skip]
         found_keys, table = self._read(keys, refresh, read)
         if table is None:
             return {}
-        values = {name: table[name].to_pylist() for name in read[:-1]}
+        none = itertools.repeat(None)
+        values = {name: table[name].to_pylist() for name in read if name != "created_at"}
         rows = zip(
             found_keys,
             values["reply_json"],
@@ -330,10 +336,10 @@ class ResponseStore:
             values["input_tokens"],
             values["output_tokens"],
             values["cost_usd"],
-            values["request_json"] if request_json else itertools.repeat(None),
-            values["pipeline"],
-            values["experiment"],
-            _datetimes(table["created_at"]),
+            values.get("request_json", none),
+            values.get("pipeline", none),
+            values.get("experiment", none),
+            _datetimes(table["created_at"]) if provenance else none,
         )
         # the fields set straight, as the dataclass's __init__ would (a third of the time of 10,000 calls of it)
         new, found = object.__new__, {}

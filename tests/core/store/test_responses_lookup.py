@@ -65,6 +65,9 @@ def test_an_entry_read_back_equals_the_one_put(tmp_path: Path) -> None:
     assert store.get_many([_key(1)]) == {_key(1): entry}
     light = store.get_many([_key(1)], request_json=False)[_key(1)]
     assert light.request_json is None and light == ResponseEntry(**{**entry.__dict__, "request_json": None})
+    hot = store.get_many([_key(1)], request_json=False, provenance=False)[_key(1)]
+    assert hot == ResponseEntry(_key(1), '{"r": 1}', "openai:m", 3, 4, 0.25)
+    assert store.get_many([_key(1)], provenance=False)[_key(1)].request_json == '{"q": 1}'
     assert store.get_many([_key(1), _key(2)])[_key(2)].created_at == made  # one instant, read once, both right
     # get_many sets the fields by name, in this order, without the dataclass's __init__
     assert [f.name for f in dataclasses.fields(ResponseEntry)] == responses._ENTRY_COLUMNS
