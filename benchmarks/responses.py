@@ -3,11 +3,18 @@
 * ``open``: opening the store and building its in-memory index (once per task).
 * ``lookup_miss``: 10,000 keys none of which is stored (the first experiment over new prompts).
 * ``lookup_hit``: 10,000 stored keys (a second experiment: every reply read back), as one Arrow
-  table (``find``), its token columns only, and as ``ResponseEntry`` objects (``get_many``).
+  table (``find``), its token columns only, and as ``ResponseEntry`` objects (``get_many``), with and
+  without the requests (``request_json=False``: what the model step reads) and without their provenance
+  too (``provenance=False``: the reply, its model, tokens and cost only); in the store as written
+  (20 fragments) and again after ``compact()`` (one fragment, as ``maintain`` leaves it).
 * ``put``: one durable append of 256 entries (a write-behind flush at 256 in flight).
 * ``throughput``: ``run_items`` of ``llm_process`` (sdk engine) at 256 in flight against a local server
   answering in 100 ms, the response store on (every reply written behind) and off, in the same run;
   then the same prompts again in a new experiment (every answer read from the store).
+
+Two stores: every entry with the same reply and request (``same``: they compress to nothing, so the
+figures are the index's and Lance's per-row cost), and each its own (``distinct``: a ~330-byte reply
+and a ~100-byte request per entry, what a real store reads).
 
 Target (issue 28): a lookup of 10,000 keys in 1M entries <= 50 ms. ``make bench`` runs it as its
 ``responses`` section; alone: ``python -m benchmarks.responses [--quick] [--only lookup|throughput]``.
@@ -31,34 +38,46 @@ def _keys(start: int, n: int) -> list[str]:
     return [hashlib.sha256(f"r{i}".encode()).hexdigest() for i in range(start, start + n)]
 
 
-def _fill(root: str, n: int, per_commit: int) -> list[str]:
-    """A store of ``n`` entries written ``per_commit`` at a time (straight to Lance: the setup is not measured)."""
+def _fill(root: str, n: int, per_commit: int, distinct: bool = False) -> list[str]:
+    """A store of ``n`` entries written ``per_commit`` at a time (straight to Lance: the setup is not measured);
+    ``distinct``: each entry its own reply and request, and a flush's created_at per 256 entries."""
+    import lance
+
     from airflow_provider_datagen.core.store import lance_io
     from airflow_provider_datagen.core.store.responses import SCHEMA, key_hash, responses_uri
 
     uri = responses_uri(root)
     keys = _keys(0, n)
-    reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": "x" * 200}}]})
+    same_reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": "x" * 200}}]})
     for at in range(0, n, per_commit):
         part = keys[at : at + per_commit]
+        if distinct:
+            replies = [
+                json.dumps(
+                    {"id": k[:20], "choices": [{"message": {"role": "assistant", "content": f"{k} {k[::-1] * 3}"}}]}
+                )
+                for k in part
+            ]
+            requests = [json.dumps({"messages": [{"role": "user", "content": f"Write about {k}"}]}) for k in part]
+            made = np.arange(at, at + len(part)) // 256 * 100_000 + 1_700_000_000_000_000
+        else:
+            replies, requests, made = [same_reply] * len(part), ['{"messages": []}'] * len(part), np.zeros(len(part))
         table = pa.table(
             {
                 "key": part,
                 "key_hash": [key_hash(k) for k in part],
-                "created_at": pa.array([0] * len(part), pa.timestamp("us", tz="UTC")),
+                "created_at": pa.array(made.astype(np.int64), pa.timestamp("us", tz="UTC")),
                 "pipeline": ["p"] * len(part),
                 "experiment": ["e"] * len(part),
                 "model": ["openai:gpt-4o-mini"] * len(part),
-                "request_json": ['{"messages": []}'] * len(part),
-                "reply_json": [reply] * len(part),
+                "request_json": requests,
+                "reply_json": replies,
                 "input_tokens": np.full(len(part), 10),
                 "output_tokens": np.full(len(part), 5),
                 "cost_usd": np.full(len(part), 0.0001),
             },
             schema=SCHEMA,
         )
-        import lance
-
         lance.write_dataset(
             table, uri, schema=SCHEMA, mode="append" if at else "create", data_storage_version=lance_io.STORAGE_VERSION
         )
@@ -74,37 +93,55 @@ def _median_ms(fn: Any, repeats: int) -> float:
     return round(statistics.median(times), 2)
 
 
-def bench(n: int, repeats: int = 5) -> dict[str, Any]:
+def _lookups(store: Any, hits: list[str], misses: list[str], repeats: int) -> dict[str, float]:
+    # the measures interleaved, each its median over the repeats (a shared machine: a burst hits all alike)
+    measures = {
+        "lookup_miss_ms_per_10k": lambda: store.find(misses),
+        "lookup_hit_ms_per_10k": lambda: store.find(hits),
+        "lookup_hit_tokens_only_ms_per_10k": lambda: store.find(hits, columns=["input_tokens", "output_tokens"]),
+        "get_many_entries_ms_per_10k": lambda: store.get_many(hits),
+        "get_many_without_requests_ms_per_10k": lambda: store.get_many(hits, request_json=False),
+        "get_many_answers_only_ms_per_10k": lambda: store.get_many(hits, request_json=False, provenance=False),
+    }
+    times: dict[str, list[float]] = {name: [] for name in measures}
+    for _ in range(repeats):
+        for name, fn in measures.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1000)
+    return {name: round(statistics.median(ts), 2) for name, ts in times.items()}
+
+
+def bench(n: int, repeats: int = 7, distinct: bool = False) -> dict[str, Any]:
     """The figures of a store of ``n`` entries (see the module)."""
     from airflow_provider_datagen.core.store.responses import ResponseEntry, ResponseStore
 
     with tempfile.TemporaryDirectory(prefix="datagen-responses-") as root:
-        keys = _fill(root, n, per_commit=max(n // 20, 1))
-        t0 = time.perf_counter()
-        store = ResponseStore.open(root)
-        store.get_many(keys[:1])
-        open_ms = round((time.perf_counter() - t0) * 1000, 1)
+        keys = _fill(root, n, per_commit=max(n // 20, 1), distinct=distinct)
+        opens = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            store = ResponseStore.open(root)
+            store.get_many(keys[:1])
+            opens.append((time.perf_counter() - t0) * 1000)
         rng = np.random.default_rng(0)
         hits = [keys[i] for i in rng.choice(n, 10_000, replace=False)]
         misses = _keys(n, 10_000)
-        assert len(store.get_many(hits)) == 10_000 and not store.get_many(misses)
+        got = store.get_many(hits)
+        assert len(got) == 10_000 and all(got[k].key == k for k in hits) and not store.get_many(misses)
         assert store.find(hits).num_rows == 10_000
-        miss_ms = _median_ms(lambda: store.find(misses), repeats)
-        hit_ms = _median_ms(lambda: store.find(hits), repeats)
-        light_ms = _median_ms(lambda: store.find(hits, columns=["input_tokens", "output_tokens"]), repeats)
-        entries_ms = _median_ms(lambda: store.get_many(hits), repeats)
+        out: dict[str, Any] = {
+            "entries": n,
+            "replies": "distinct" if distinct else "same",
+            "open_ms": round(statistics.median(opens), 1),
+            **_lookups(store, hits, misses, repeats),
+        }
+        store.compact()
+        out["compacted"] = {"fragments": store.stats()["fragments"], **_lookups(store, hits, misses, repeats)}
         batch = [ResponseEntry(k, "{}", "openai:gpt-4o-mini") for k in _keys(10 * n, 256)]
-        put_ms = _median_ms(lambda: store.put_many(batch), repeats)
-    return {
-        "entries": n,
-        "open_ms": open_ms,
-        "lookup_miss_ms_per_10k": miss_ms,
-        "lookup_hit_ms_per_10k": hit_ms,
-        "lookup_hit_tokens_only_ms_per_10k": light_ms,
-        "get_many_entries_ms_per_10k": entries_ms,
-        "put_256_ms": put_ms,
-        "target_ms_per_10k": 50,
-    }
+        out["put_256_ms"] = _median_ms(lambda: store.put_many(batch), 5)
+    out["target_ms_per_10k"] = 50
+    return out
 
 
 def _server(latency: float) -> tuple[str, Any]:
@@ -202,14 +239,25 @@ def throughput(n: int, in_flight: int = 256, latency: float = 0.1, repeats: int 
 def bench_responses(tmp: Any, quick: bool) -> dict[str, Any]:
     """``make bench``'s ``responses`` section: the lookups at size and the store's cost per request."""
     del tmp  # each measure makes its own store
-    out = {"lookup": bench(100_000 if quick else 1_000_000), "throughput": throughput(1_000 if quick else 5_000)}
-    look, rate = out["lookup"], out["throughput"]
-    print(
-        f"  {look['entries']:,} entries: 10,000 stored keys {look['lookup_hit_ms_per_10k']} ms "
-        f"(target <= {look['target_ms_per_10k']}), missing {look['lookup_miss_ms_per_10k']} ms; open "
-        f"{look['open_ms']} ms; a durable append of 256 {look['put_256_ms']} ms",
-        flush=True,
-    )
+    n = 100_000 if quick else 1_000_000
+    out = {
+        "lookup": bench(n),
+        "lookup_distinct": bench(n, distinct=True),
+        "throughput": throughput(1_000 if quick else 5_000),
+    }
+    for look in (out["lookup"], out["lookup_distinct"]):
+        packed = look["compacted"]
+        print(
+            f"  {look['entries']:,} entries ({look['replies']} replies), 10,000 stored keys: as a table "
+            f"{look['lookup_hit_ms_per_10k']} ms, as entries {look['get_many_entries_ms_per_10k']} ms, without "
+            f"requests {look['get_many_without_requests_ms_per_10k']} ms (compacted: "
+            f"{packed['lookup_hit_ms_per_10k']} / {packed['get_many_entries_ms_per_10k']} / "
+            f"{packed['get_many_without_requests_ms_per_10k']} ms; target <= "
+            f"{look['target_ms_per_10k']}); missing {look['lookup_miss_ms_per_10k']} ms; open {look['open_ms']} ms; "
+            f"a durable append of 256 {look['put_256_ms']} ms",
+            flush=True,
+        )
+    rate = out["throughput"]
     print(
         f"  {rate['items']:,} items at {rate['in_flight']} in flight: store on / off {rate['on_over_off']}x "
         f"(target >= {rate['target_on_over_off']}); all reused {rate['items_per_s_all_reused']} items/s",
@@ -226,6 +274,7 @@ def main() -> None:
     out: dict[str, Any] = {}
     if args.only in (None, "lookup"):
         out["lookup"] = bench(100_000 if args.quick else 1_000_000)
+        out["lookup_distinct"] = bench(100_000 if args.quick else 1_000_000, distinct=True)
     if args.only in (None, "throughput"):
         out["throughput"] = throughput(1_000 if args.quick else 5_000)
     print(json.dumps(out, indent=2))

@@ -69,20 +69,21 @@ class ResponseSession:
         return cls(store, getattr(log, "pipeline", None), getattr(log, "experiment", None))
 
     def lookup(self, key: str) -> ResponseEntry | None:
-        """The stored reply of ``key`` (this run's puts first), or None."""
+        """The stored reply of ``key`` (this run's puts first), or None; a stored entry's
+        ``request_json`` is not read (None): the request is the one being asked, same key."""
         with self._lock:
             mine = self._mine.get(key)
         if mine is not None:
             return mine
-        return self.store.get_many([key]).get(key)
+        return self.store.get_many([key], request_json=False).get(key)
 
     def lookup_many(self, keys: list[str]) -> dict[str, ResponseEntry]:
-        """The stored replies of ``keys`` (this run's puts first) in one read of the store."""
+        """The stored replies of ``keys`` (this run's puts first) in one read of the store (see :meth:`lookup`)."""
         with self._lock:
             found = {k: e for k in keys if (e := self._mine.get(k)) is not None}
         rest = [k for k in keys if k not in found]
         if rest:
-            found.update(self.store.get_many(rest))
+            found.update(self.store.get_many(rest, request_json=False))  # the model step answers from the reply
         return found
 
     def put(self, entry: ResponseEntry) -> None:
