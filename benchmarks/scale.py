@@ -1,10 +1,12 @@
 """Planning at size: fingerprint throughput, plan_resume at 200k/1M, the streamed plan's RSS curve, and
-the export's peak RSS per format (sizes up to 1M).
+the export's time and peak RSS per format, with and without ``include_input`` (sizes up to 1M).
 
 ``python -m benchmarks.scale`` (``make bench-scale``; sizes with ``--sizes``, default 1M,3M,10M) builds
 a Parquet source of ~100-byte prompt rows and a log 95% done (about 4.9 events an item) per size, once:
 both are cached under ``benchmarks/.data/scale/`` (gitignored). Every plan runs in a fresh process, so
 its peak RSS (``ru_maxrss``) is the plan's own. Figures go to ``benchmarks/scale_results.json``.
+``--export-only`` measures only the export (``--compare DIR``: also the code of another checkout, each
+export right after this code's, in the same run).
 """
 
 from __future__ import annotations
