@@ -1,12 +1,13 @@
-"""The export's reads: the log and the source each read once, their rows spilled by the export batch they feed.
+"""The export's reads: the log and the source each read once, their rows sorted out by export batch.
 
 The export works in batches of completed items in item-id order (:mod:`.export_stream`). Reading a
 batch's events with an ``item_id`` filter scanned the whole log per batch (~100 scans at 1M items),
-and ``include_input`` read the whole source into memory. Instead each is streamed once: every row
-finds its item's position among the exported ids (sorted) with :class:`IdPositions`, rows of other
-items are dropped, and the rest go to a :class:`BatchSpill` under the batch ``position //
-batch_items``. The batches then come back one at a time, each with only its own rows, in the order
-they were read (so an item's events keep their log order).
+and ``include_input`` read the whole source into memory. Instead each is streamed once, and every
+row finds its item's position among the exported ids (sorted) with :class:`IdPositions`; rows of
+other items are dropped, the rest belong to the batch ``position // batch_items``. The log's ``item_id``
+column alone is streamed, and each batch then takes its rows by their offsets (:func:`log_batches`,
+see ADR 0029); the source's rows go to a :class:`BatchSpill` (:func:`source_batches`). Either way a
+batch comes back with only its own rows, in the order they were read (an item's events in log order).
 """
 
 from __future__ import annotations
