@@ -1,10 +1,12 @@
 """Planning at size: fingerprint throughput, plan_resume at 200k/1M, the streamed plan's RSS curve, and
-the export's peak RSS per format (sizes up to 1M).
+the export's time and peak RSS per format, with and without ``include_input`` (sizes up to 1M).
 
 ``python -m benchmarks.scale`` (``make bench-scale``; sizes with ``--sizes``, default 1M,3M,10M) builds
 a Parquet source of ~100-byte prompt rows and a log 95% done (about 4.9 events an item) per size, once:
 both are cached under ``benchmarks/.data/scale/`` (gitignored). Every plan runs in a fresh process, so
 its peak RSS (``ru_maxrss``) is the plan's own. Figures go to ``benchmarks/scale_results.json``.
+``--export-only`` measures only the export (``--compare DIR``: also the code of another checkout, each
+export right after this code's, in the same run).
 """
 
 from __future__ import annotations
@@ -96,10 +98,14 @@ elif what == "profile":
 elif what.startswith("export-"):
     import shutil
     from airflow_provider_datagen.core import export_results
-    fmt = what.split("-", 1)[1]
-    dest = os.path.join(root, "export_" + fmt)
+    fmt = what.rsplit("-", 1)[1]
+    with_input = what.startswith("export-input-")
+    dest = os.path.join(root, "export_" + what.split("-", 1)[1])
     shutil.rmtree(dest, ignore_errors=True)
-    out = {"rows": export_results(log, dest, format=fmt)["rows"]}
+    kw = {"include_input": True, "source": source} if with_input else {}
+    result = export_results(log, dest, format=fmt, **kw)
+    out = {"rows": result["rows"], "fingerprint": result["fingerprint"]}
+    shutil.rmtree(dest, ignore_errors=True)
 elif what == "states":
     out = {"states_rows": log.states().num_rows}
 elif what == "scan":
@@ -120,9 +126,14 @@ print(json.dumps(out))
 """
 
 
-def child(root: Path, n: int, what: str) -> dict[str, Any]:
+def child(root: Path, n: int, what: str, code: Path | None = None) -> dict[str, Any]:
+    """``what`` measured in a fresh process; ``code``: a checkout whose package it imports instead of this one."""
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(root), str(n), what], capture_output=True, text=True, check=False
+        [sys.executable, "-c", _CHILD, str(root), str(n), what],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=code,  # ``-c`` puts the working directory first on sys.path
     )
     if proc.returncode:
         raise RuntimeError(f"{what} at {n} failed:\n{proc.stderr[-3000:]}")
@@ -169,15 +180,49 @@ def bench_size(n: int, profile: bool) -> dict[str, Any]:
 EXPORT_MAX_ITEMS = 1_000_000
 
 
-def bench_export(n: int) -> dict[str, Any]:
-    """Peak RSS and time of ``export_results`` of the size-``n`` log, per format (a child process each)."""
-    root = build(n)
-    row = {fmt: child(root, n, f"export-{fmt}") for fmt in ("lance", "parquet", "jsonl")}
-    print(
-        f"  export of {n} items: "
-        + ", ".join(f"{fmt} {r['s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB" for fmt, r in row.items()),
-        flush=True,
+EXPORT_FORMATS = ("lance", "parquet", "jsonl")
+
+
+def ensure_fold_cache(root: Path) -> None:
+    """Store the fold cache if the log has none (a run's map tasks store it; the export reads it)."""
+    from airflow_provider_datagen.core import CheckpointLog
+
+    log = CheckpointLog.open(root / "logs", pipeline="bench", experiment="scale", auto_maintain_fragments=None)
+    if not log.projection_version():
+        log.maintain()
+
+
+def _export_line(n: int, name: str, row: dict[str, Any]) -> str:
+    return f"  export of {n} items ({name}): " + ", ".join(
+        f"{what} {r['s']:.1f} s (CPU {r['cpu_s']:.1f} s), peak RSS {r['peak_rss_mb']:.0f} MB" for what, r in row.items()
     )
+
+
+def bench_export(n: int, *, with_input: bool = True, compare: Path | None = None) -> dict[str, Any]:
+    """Peak RSS and time of ``export_results`` of the size-``n`` log, per format (a child process each).
+
+    ``with_input``: also each format with ``include_input=True`` (the Parquet source). ``compare``: a
+    checkout of other code (``git worktree add``, ``git archive``) measured in the same run, each of
+    its exports right after this code's, so the two see the same machine.
+    """
+    root = build(n)
+    ensure_fold_cache(root)
+    whats = [f"export-{fmt}" for fmt in EXPORT_FORMATS]
+    if with_input:
+        whats += [f"export-input-{fmt}" for fmt in EXPORT_FORMATS]
+    row: dict[str, Any] = {}
+    other: dict[str, Any] = {}
+    for what in whats:
+        key = what.removeprefix("export-")
+        row[key] = child(root, n, what)
+        if compare is not None:
+            other[key] = child(root, n, what, compare)
+            if other[key]["fingerprint"] != row[key]["fingerprint"]:
+                raise RuntimeError(f"{what} at {n}: the compared code exported other content")
+    print(_export_line(n, "this code", row), flush=True)
+    if compare is not None:
+        print(_export_line(n, f"code at {compare}", other), flush=True)
+        row["compared"] = {"code": str(compare), **other}
     return row
 
 
@@ -289,10 +334,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1000000,3000000,10000000")
     parser.add_argument("--skip-resume", action="store_true")
+    parser.add_argument("--export-only", action="store_true", help="only the export's figures, per size up to 1M")
+    parser.add_argument("--compare", type=Path, help="with --export-only: a checkout measured beside this code")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     t = time.perf_counter()
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if args.export_only:
+        for n in sizes:
+            if n <= EXPORT_MAX_ITEMS:
+                results.setdefault("export", {})[str(n)] = bench_export(n, compare=args.compare)
+                RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True))
+        print(f"  the export's figures took {time.perf_counter() - t:.0f} s", flush=True)
+        return
     results["fingerprints"] = bench_fingerprints()
     if not args.skip_resume:
         results["plan_resume"] = bench_plan_resume()

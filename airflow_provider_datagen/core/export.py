@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -45,10 +47,12 @@ from airflow_provider_datagen.core.export_files import (
     files_marker,
     write_files_export,
 )
+from airflow_provider_datagen.core.export_reads import source_batches
 from airflow_provider_datagen.core.export_spec import FILE_FORMATS, FORMATS
 from airflow_provider_datagen.core.export_stream import (
     EXPORT_BATCH_ITEMS,
     Spilled,
+    StateBatch,
     conformed,
     layout,
     spill,
@@ -198,15 +202,7 @@ def _inputs(
         )
     edited = [i for i in ids if states[i].input_fingerprint != by_id[i].fingerprint]
     if edited:
-        raise bad_argument(
-            "export_results",
-            "source",
-            source,
-            f"holds other inputs than {len(edited)} exported items were generated from (e.g. key "
-            f"{key_of(edited[0])!r}, edited since)",
-            "run the plan and generation again to regenerate them from these inputs, or pass the source they "
-            "were generated from",
-        )
+        raise _edited_error(source, len(edited), edited[0])
     return {i: by_id[i].data for i in ids}
 
 
@@ -413,15 +409,15 @@ def export_results(
     _check_destination(destination_uri, storage_options, format)
     ids, removed = exported_ids(log, source, key_field, include_removed)
     batches: Iterator[dict[str, ItemState]] = state_batches(log, ids, EXPORT_BATCH_ITEMS)
-    inputs = None
-    if include_input:
-        # the inputs come from a whole read of the source (the log keeps fingerprints): one batch
-        whole = {iid: st for part in batches for iid, st in part.items()}
-        inputs = _inputs(source, key_field, whole, log.storage_options)
-        batches = iter([whole])
     if format == "parquet" and include_blobs:
         batches = _parquet_checked(batches)
-    spilled = spill(batches, lambda st: _canonical(_fields(st)), lambda st: _fields(st, include_blobs), inputs)
+    paired: Iterator[StateBatch] = (
+        # the log keeps only fingerprints: the inputs come from one streamed read of the source
+        _with_inputs(source, key_field, ids, batches, log.storage_options)
+        if include_input
+        else ((states, None) for states in batches)
+    )
+    spilled = spill(paired, lambda st: _canonical(_fields(st)), lambda st: _fields(st, include_blobs))
     try:
         return _write(spilled, destination_uri, storage_options, format, include_blobs, include_input, removed)
     finally:
@@ -432,6 +428,47 @@ def _parquet_checked(batches: Iterator[dict[str, ItemState]]) -> Iterator[dict[s
     for states in batches:
         _check_parquet_sizes(states)
         yield states
+
+
+def _with_inputs(
+    source: Any,
+    key_field: str,
+    ids: pa.Array,
+    batches: Iterator[dict[str, ItemState]],
+    storage_options: dict[str, str] | None,
+) -> Iterator[tuple[dict[str, ItemState], dict[str, dict[str, Any]]]]:
+    """Each batch of folds with its items' source dicts, checked to be the inputs they were generated from.
+
+    The source is read first (a source lacking items fails before the log is read); items generated from
+    other inputs are counted over every batch and refused at the end, before anything is written.
+    """
+    folder = tempfile.mkdtemp(prefix="datagen-export-source-")
+    edited, first_edited = 0, ""
+    try:
+        for rows in source_batches(source, key_field, ids, EXPORT_BATCH_ITEMS, storage_options, folder):
+            states = next(batches)
+            for iid, st in states.items():
+                if st.input_fingerprint != rows[iid].fingerprint:
+                    edited += 1
+                    first_edited = first_edited or iid
+            if not edited:
+                yield states, {iid: rows[iid].data for iid in states}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if edited:
+        raise _edited_error(source, edited, first_edited)
+
+
+def _edited_error(source: Any, edited: int, first: str) -> DatagenError:
+    return bad_argument(
+        "export_results",
+        "source",
+        source,
+        f"holds other inputs than {edited} exported items were generated from (e.g. key "
+        f"{key_of(first)!r}, edited since)",
+        "run the plan and generation again to regenerate them from these inputs, or pass the source they "
+        "were generated from",
+    )
 
 
 def _write(
