@@ -29,6 +29,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.models.fallback import FallbackModel
 from pydantic_ai.models.wrapper import WrapperModel
 
+from airflow_provider_datagen.core.response_session import current_session
 from airflow_provider_datagen.llm.request import TRANSPORT_SETTINGS, _stable_value
 from airflow_provider_datagen.llm.reuse import Replies
 from airflow_provider_datagen.llm.usage import model_label, sending
@@ -122,7 +123,8 @@ class StoreModel(WrapperModel):
 
     async def request(self, messages: Any, model_settings: Any, model_request_parameters: Any) -> Any:
         item = _ITEM.get()
-        if item is None:  # the agent used outside an item's run: no store
+        # the agent used outside an item's run, or a run without a store: nothing to key (as the sdk engine)
+        if item is None or current_session() is None:
             return await self.wrapped.request(messages, model_settings, model_request_parameters)
         ctx, sample = item
         wrapped = self.wrapped
