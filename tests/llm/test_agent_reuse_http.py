@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pydantic import BaseModel
 
-from airflow_provider_datagen.core import ResponseStore, Sequence, run_items
+from airflow_provider_datagen.core import ResponseStore, run_items
 from airflow_provider_datagen.core.export import collect_results, results_fingerprint
 from airflow_provider_datagen.core.retry import RetryPolicy
 from airflow_provider_datagen.core.store.responses import RESPONSES_DIR
-from airflow_provider_datagen.llm import RETRYABLE_ERRORS, llm_process, llm_step
+from airflow_provider_datagen.llm import RETRYABLE_ERRORS, llm_process
 from tests._support import openai_server
 from tests._support.engine import open_log
 
@@ -165,32 +165,6 @@ def test_identical_requests_in_flight_are_sent_once(server: FakeOpenAI, tmp_path
     assert _sent(server) == 1
     usage = log.usage()
     assert (usage["calls"], usage["reused_calls"], usage["requests"]) == (1, 19, 1)
-
-
-def test_regenerating_after_editing_step_two_asks_only_step_two(server: FakeOpenAI, tmp_path: Path) -> None:
-    def pipeline(second_prompt: str, reuse: bool = True) -> Sequence:
-        conn = {"llm_conn_id": "llm_agent_reuse", "engine": AGENT, "reuse": reuse}
-        return Sequence(
-            "both",
-            [
-                llm_step("first", "Repeat {{ text }}", output_field="a", **conn),
-                llm_step("second", second_prompt, output_field="b", **conn),
-            ],
-        )
-
-    log = open_log(tmp_path, "regen")
-    run_items(log, _items(6), pipeline("Shorten {{ a }}"), processor_version="v1")
-    assert _sent(server) == 12
-    before = len(server.requests)
-    report = run_items(
-        log, _items(6), pipeline("Lengthen {{ a }}"), processor_version="v2", redo_completed="other_version"
-    )
-    assert len(report.processed) == 6
-    again = [r.text for r in server.requests[before:]]
-    assert len(again) == 6 and all(t.startswith("Lengthen echo: Repeat word") for t in again)
-    fresh = open_log(tmp_path, "fresh")
-    run_items(fresh, _items(6), pipeline("Lengthen {{ a }}", reuse=False), processor_version="v2")
-    assert results_fingerprint(collect_results(fresh)) == results_fingerprint(collect_results(log))
 
 
 def test_the_engines_keep_their_own_keys(server: FakeOpenAI, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""A reply that arrived is never asked again after a SIGKILL: the response store keeps it (written
-behind, every 0.1 s), though its item was not yet acknowledged (group commit: 2 s)."""
+"""A reply that arrived is never asked again after a SIGKILL, on either engine: the response store keeps
+it (written behind, every 0.1 s), though its item was not yet acknowledged (group commit: 2 s)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ N = 300
 MARGIN = 0.2
 
 
-@pytest.mark.parametrize("kill_after", [40, 120])
-def test_a_reply_that_arrived_before_a_sigkill_is_not_requested_again(tmp_path: Path, kill_after: int) -> None:
+@pytest.mark.parametrize(("engine", "kill_after"), [("sdk", 40), ("sdk", 120), ("pydantic-ai", 60)])
+def test_a_reply_that_arrived_before_a_sigkill_is_not_requested_again(
+    tmp_path: Path, engine: str, kill_after: int
+) -> None:
     answered: dict[str, float] = {}
     lock = threading.Lock()
 
@@ -38,7 +40,7 @@ def test_a_reply_that_arrived_before_a_sigkill_is_not_requested_again(tmp_path: 
     server = openai_server.start(on_arrival=slow)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "tests._support.workers.responses", "--root", str(tmp_path)]
-    cmd += ["--experiment", "e", "--n-items", str(N), "--base-url", server.base_url]
+    cmd += ["--experiment", "e", "--n-items", str(N), "--base-url", server.base_url, "--engine", engine]
     try:
         worker = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 120

@@ -116,13 +116,17 @@ def test_identical_requests_in_flight_are_sent_once(server: FakeOpenAI, tmp_path
     assert (usage["calls"], usage["reused_calls"]) == (1, 19)
 
 
-def test_regenerating_after_editing_step_two_asks_only_step_two(server: FakeOpenAI, tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["sdk", "pydantic-ai"])
+def test_regenerating_after_editing_step_two_asks_only_step_two(
+    server: FakeOpenAI, tmp_path: Path, engine: str
+) -> None:
     def pipeline(second_prompt: str, reuse: bool = True) -> Sequence:
+        conn = {"llm_conn_id": "llm_reuse", "engine": engine, "reuse": reuse}
         return Sequence(
             "both",
             [
-                llm_step("first", "Repeat {{ text }}", llm_conn_id="llm_reuse", output_field="a", reuse=reuse),
-                llm_step("second", second_prompt, llm_conn_id="llm_reuse", output_field="b", reuse=reuse),
+                llm_step("first", "Repeat {{ text }}", output_field="a", **conn),
+                llm_step("second", second_prompt, output_field="b", **conn),
             ],
         )
 
