@@ -4,8 +4,8 @@
 * ``lookup_miss``: 10,000 keys none of which is stored (the first experiment over new prompts).
 * ``lookup_hit``: 10,000 stored keys (a second experiment: every reply read back), as one Arrow
   table (``find``), its token columns only, and as ``ResponseEntry`` objects (``get_many``), with and
-  without the requests (``request_json=False``: what the model step reads) and without their provenance
-  too (``provenance=False``: the reply, its model, tokens and cost only); in the store as written
+  without the requests (``request_json=False``) and without their provenance too (``provenance=False``:
+  the reply, its model, tokens and cost only, what the model step and the batch path read); in the store as written
   (20 fragments) and again after ``compact()`` (one fragment, as ``maintain`` leaves it).
 * ``put``: one durable append of 256 entries (a write-behind flush at 256 in flight).
 * ``throughput``: ``run_items`` of ``llm_process`` (sdk engine) at 256 in flight against a local server
@@ -70,8 +70,8 @@ def _fill(root: str, n: int, per_commit: int, distinct: bool = False) -> list[st
                 "pipeline": ["p"] * len(part),
                 "experiment": ["e"] * len(part),
                 "model": ["openai:gpt-4o-mini"] * len(part),
-                "request_json": requests,
-                "reply_json": replies,
+                "request_json": [r.encode() for r in requests],
+                "reply_json": [r.encode() for r in replies],  # blob columns: UTF-8 bytes
                 "input_tokens": np.full(len(part), 10),
                 "output_tokens": np.full(len(part), 5),
                 "cost_usd": np.full(len(part), 0.0001),

@@ -75,7 +75,7 @@ class ResponseSession:
             mine = self._mine.get(key)
         if mine is not None:
             return mine
-        return self.store.get_many([key], request_json=False).get(key)
+        return self.store.get_many([key], request_json=False, provenance=False).get(key)
 
     def lookup_many(self, keys: list[str]) -> dict[str, ResponseEntry]:
         """The stored replies of ``keys`` (this run's puts first) in one read of the store (see :meth:`lookup`)."""
@@ -83,7 +83,7 @@ class ResponseSession:
             found = {k: e for k in keys if (e := self._mine.get(k)) is not None}
         rest = [k for k in keys if k not in found]
         if rest:
-            found.update(self.store.get_many(rest, request_json=False))  # the model step answers from the reply
+            found.update(self.store.get_many(rest, request_json=False, provenance=False))  # the reply answers
         return found
 
     def put(self, entry: ResponseEntry) -> None:

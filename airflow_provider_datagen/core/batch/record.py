@@ -149,7 +149,7 @@ class Recording:
         assert self.responses is not None
         step: Any = self.step
         keys = {line.custom_id: step.key(it.data, it.item_id) for it, line, _ in lines}
-        found = self.responses.store.get_many(list(dict.fromkeys(keys.values())))
+        found = self.responses.store.get_many(list(dict.fromkeys(keys.values())), request_json=False, provenance=False)
         if not found:
             return lines
         reused: dict[str, Any] = {}

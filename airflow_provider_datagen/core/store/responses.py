@@ -9,7 +9,9 @@ Lookups (:meth:`ResponseStore.get_many`) go through an index kept in memory: eve
 (its first 8 bytes as an int64) sorted, and every key itself (~80 bytes an entry in all), read once per
 opened store and extended by the fragments appended since (this process's and other writers'), so a
 lookup of 10,000 keys is a binary search, a comparison of the whole keys in memory (a hash collision
-is a miss) and one ``take`` of the rows found, without their ``key`` column. Appends
+is a miss) and one ``take`` of the rows found, without their ``key`` column, the replies sliced from
+the data files where Lance wrote them, as the requests are
+(:mod:`~airflow_provider_datagen.core.store.blob_columns`). Appends
 are Lance commits (Lance rebases concurrent appends), the first one a race-safe create
 (:func:`~airflow_provider_datagen.core.store.lance_io.create_dataset`), each fsynced on a local disk
 as the log's are. Two writers that both missed one key may both append it: the earliest entry answers.
@@ -28,14 +30,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from airflow_provider_datagen.core.store import lance_io
+from airflow_provider_datagen.core.store.blob_columns import (
+    BLOB_COLUMNS,
+    BLOB_METADATA,
+    BlobLocations,
+    is_blob,
+    read_by_lance,
+    read_located,
+)
 from airflow_provider_datagen.core.store.paths import is_local, local_path
+from airflow_provider_datagen.core.store.response_index import Keys, gather, hashes_of, key_words, merge
 from airflow_provider_datagen.exceptions import DatagenError, ResponseStoreError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
+
+    from airflow_provider_datagen.core.store.blob_columns import View
 
 #: the store's directory under a root, beside ``datagen_checkpoints``
 RESPONSES_DIR = "datagen_responses"
@@ -50,15 +62,18 @@ SCHEMA = pa.schema(
         #: the usage label (``"openai:gpt-4o-mini"``) the reply's tokens were recorded under
         pa.field("model", pa.string()),
         #: the request's canonical form (LLMRequest.canonical) as JSON: the request as sent
-        pa.field("request_json", pa.string()),
-        #: the provider's reply, its raw JSON
-        pa.field("reply_json", pa.string()),
+        pa.field("request_json", pa.large_binary(), metadata=BLOB_METADATA),
+        #: the provider's reply, its raw JSON; both as UTF-8 in blob columns, read where they lie (blob_columns)
+        pa.field("reply_json", pa.large_binary(), metadata=BLOB_METADATA),
         pa.field("input_tokens", pa.int64()),
         pa.field("output_tokens", pa.int64()),
         #: the cost recorded for the reply (None: unpriced)
         pa.field("cost_usd", pa.float64()),
     ]
 )
+#: the schema of a store made before the blob columns (still read and appended to), and of what
+#: :meth:`ResponseStore.find` returns
+STRING_SCHEMA = pa.schema([pa.field(f.name, pa.string()) if f.name in BLOB_COLUMNS else f for f in SCHEMA])
 #: how long an object store's lookups go on with the manifest they read (other writers' entries wait that long)
 REFRESH_SECONDS = 1.0
 #: the columns a lookup reads: ResponseEntry's fields, in their order
@@ -140,10 +155,14 @@ class ResponseStore:
         #: the fragments it covers
         self._hashes = np.empty(0, np.int64)
         self._offsets = np.empty(0, np.int64)
-        self._keys = _Keys()
+        self._keys = Keys()
         self._fragments: list[tuple[int, int, str]] = []  # (fragment id, live rows, data file) in dataset order
         self._rows = 0
         self._refreshed = 0.0
+        #: the dataset's blob columns (a store made before them has none), and where each row's value of
+        #: them is (a local store's; none on an object store)
+        self._blobs: tuple[str, ...] = BLOB_COLUMNS
+        self._located: dict[str, BlobLocations] = {}
 
     def __repr__(self) -> str:
         return f"ResponseStore({self.uri!r})"
@@ -228,15 +247,24 @@ class ResponseStore:
         fragments = ds.get_fragments()
         now = [(f.fragment_id, int(f.metadata.num_rows), f.metadata.files[0].path) for f in fragments]
         known, hashes, offsets, keys, rows = self._fragments, self._hashes, self._offsets, self._keys, self._rows
-        if now[: len(known)] != known:  # compacted, deleted from, or another dataset
-            known, hashes, offsets, keys, rows = [], np.empty(0, np.int64), np.empty(0, np.int64), _Keys(), 0
+        blobs = tuple(c for c in BLOB_COLUMNS if c in ds.schema.names and is_blob(ds.schema, c))
+        located = self._located
+        if now[: len(known)] != known or blobs != self._blobs:  # compacted, deleted from, or another dataset
+            known, hashes, offsets, keys, rows = [], np.empty(0, np.int64), np.empty(0, np.int64), Keys(), 0
+            located = {}
+        if is_local(self.uri) and not located:
+            located = {c: BlobLocations(c, os.path.join(local_path(self.uri), "data")) for c in blobs}
         added, words, valid = [], [], []
+        described: dict[str, list[tuple[str | None, pa.ChunkedArray]]] = {c: [] for c in located}
         try:
             for frag in fragments[len(known) :]:
-                table = frag.to_table(columns=["key", "key_hash"])
+                table = frag.to_table(columns=["key", "key_hash", *located])
+                files = frag.metadata.files
+                for column, parts in described.items():
+                    parts.append((files[0].path if len(files) == 1 else None, table[column]))
                 added.append(table["key_hash"].to_numpy())
                 for chunk in table["key"].chunks:  # each Arrow chunk's buffer kept as it is
-                    chunk_words, ok = _key_words(chunk)
+                    chunk_words, ok = key_words(chunk)
                     words.append(chunk_words)
                     valid.append(ok)
         except lance_io.LANCE_ERRORS as exc:  # nothing of the index changed
@@ -244,13 +272,17 @@ class ResponseStore:
         if added:
             new_hashes, ok_rows = np.concatenate(added), np.concatenate(valid)
             new_offsets = np.arange(rows, rows + len(new_hashes), dtype=np.int64)[ok_rows]
-            hashes, offsets = _merge(hashes, offsets, new_hashes[ok_rows], new_offsets)
+            hashes, offsets = merge(hashes, offsets, new_hashes[ok_rows], new_offsets)
             keys.extend(words)
+            for column, parts in described.items():
+                located[column].extend(parts)
             rows += len(new_hashes)
         self._hashes, self._offsets, self._keys, self._fragments, self._rows = hashes, offsets, keys, now, rows
+        self._blobs, self._located = blobs, located
 
-    def _locate(self, keys: list[str], refresh: bool) -> tuple[Any, np.ndarray, np.ndarray]:
-        """``(dataset, positions in keys, row offsets)`` of the stored ``keys`` (distinct), by offset.
+    def _locate(self, keys: list[str], refresh: bool) -> tuple[Any, np.ndarray, np.ndarray, dict[str, View]]:
+        """``(dataset, positions in keys, row offsets, blob locations)`` of the stored ``keys`` (distinct),
+        by offset (the locations: views of the index's by column, none where Lance reads the blobs).
 
         The whole key is compared in memory (a hash collision is a miss) and equal hashes are in
         dataset order, so the first match of a key is its earliest entry.
@@ -259,10 +291,11 @@ class ResponseStore:
         with self._lock:  # a snapshot of the index: the read that follows holds no lock (appends go on)
             ds = self._dataset(refresh=refresh)
             hashes, row_offsets, stored = self._hashes, self._offsets, self._keys.view()
+            views = {column: located.view() for column, located in self._located.items()}
         if ds is None or not len(hashes):
-            return ds, none, none
-        words, ok = _key_words(pa.array(keys, pa.string()))
-        wanted = _hashes(words)
+            return ds, none, none, {}
+        words, ok = key_words(pa.array(keys, pa.string()))
+        wanted = hashes_of(words)
         todo = np.flatnonzero(ok)
         todo = todo[np.argsort(wanted[todo])]  # sorted needles: a faster search
         pos = np.zeros(len(keys), np.int64)
@@ -272,13 +305,13 @@ class ResponseStore:
             todo = todo[pos[todo] < len(hashes)]
             todo = todo[hashes[pos[todo]] == wanted[todo]]
             candidates = row_offsets[pos[todo]]
-            same = (_gather(stored, candidates) == words[todo]).all(axis=1)
+            same = (gather(stored, candidates) == words[todo]).all(axis=1)
             offsets[todo[same]] = candidates[same]
             todo = todo[~same]  # another key with the same hash: try the next entry of that hash
             pos[todo] += 1
         found = np.flatnonzero(offsets >= 0)
         found = found[np.argsort(offsets[found])]
-        return ds, found, offsets[found]
+        return ds, found, offsets[found], views
 
     def find(self, keys: Sequence[str], *, refresh: bool = True, columns: Sequence[str] | None = None) -> pa.Table:
         """The stored rows of ``keys`` as one Arrow table (one row per stored key, the earliest entry), in one read.
@@ -291,24 +324,38 @@ class ResponseStore:
             column of an entry.
         """
         read = [c for c in (columns or _ENTRY_COLUMNS) if c != "key"]
-        found_keys, table = self._read(keys, refresh, read)
+        found_keys, table, blobs = self._read(keys, refresh, read)
         if table is None:
-            return SCHEMA.empty_table().select(["key", *read])
-        return pa.Table.from_arrays([pa.array(found_keys, pa.string()), *table.columns], names=["key", *read])
+            return STRING_SCHEMA.empty_table().select(["key", *read])
+        arrays = {"key": pa.array(found_keys, pa.string())}
+        arrays.update((name, pa.array(values, pa.string())) for name, values in blobs.items())
+        return pa.Table.from_arrays(
+            [arrays[name] if name in arrays else table[name] for name in ["key", *read]], names=["key", *read]
+        )
 
-    def _read(self, keys: Sequence[str], refresh: bool, columns: list[str]) -> tuple[list[str], pa.Table | None]:
-        """The stored ones of ``keys`` (distinct, in the store's order) and their rows' ``columns`` (None: none)."""
+    def _read(
+        self, keys: Sequence[str], refresh: bool, columns: list[str]
+    ) -> tuple[list[str], pa.Table | None, dict[str, list[str | None]]]:
+        """The stored ones of ``keys`` (distinct, in the store's order), their rows' ``columns`` but the
+        blob ones (None: none found), and the blob ones asked for, as text by column."""
         if not keys:
-            return [], None
+            return [], None, {}
         distinct = list(dict.fromkeys(keys))
-        ds, found, offsets = self._locate(distinct, refresh)
+        ds, found, offsets, views = self._locate(distinct, refresh)
         if not len(found):
-            return [], None
+            return [], None, {}
+        schema = ds.schema
+        blobs = [c for c in columns if c in BLOB_COLUMNS and is_blob(schema, c)]
+        take = [c for c in columns if c not in blobs]  # a store made before the blob columns: Lance takes them
         try:
-            table = ds.take(offsets, columns=columns) if columns else pa.table({})
-        except lance_io.LANCE_ERRORS as exc:
+            table = ds.take(offsets, columns=take) if take else pa.table({})
+            texts = {c: table[c].to_pylist() for c in columns if c in BLOB_COLUMNS and c not in blobs}
+            for column in blobs:
+                view = views.get(column)
+                texts[column] = read_located(view, offsets, ds) if view else read_by_lance(ds, offsets, column)
+        except lance_io.LANCE_ERRORS as exc:  # a data file unreadable, or a value not UTF-8
             raise self._error(exc, "reading") from None
-        return [distinct[i] for i in found.tolist()], table
+        return [distinct[i] for i in found.tolist()], table, texts
 
     def get_many(
         self, keys: Sequence[str], *, refresh: bool = True, request_json: bool = True, provenance: bool = True
@@ -324,11 +371,12 @@ class ResponseStore:
         """
         skip = (set() if request_json else {"request_json"}) | (set() if provenance else set(_PROVENANCE))
         read = [c for c in _ENTRY_COLUMNS[1:] if c not in skip]
-        found_keys, table = self._read(keys, refresh, read)
+        found_keys, table, texts = self._read(keys, refresh, read)
         if table is None:
             return {}
         none = itertools.repeat(None)
-        values = {name: table[name].to_pylist() for name in read if name != "created_at"}
+        values = {name: table[name].to_pylist() for name in read if name != "created_at" and name not in texts}
+        values.update(texts)
         rows = zip(
             found_keys,
             values["reply_json"],
@@ -382,8 +430,10 @@ class ResponseStore:
         try:
             if ds is None:
                 ds = lance_io.create_dataset(table, self.uri, SCHEMA, self.storage_options, self._open)
-            else:
+            elif is_blob(ds.schema, "reply_json"):
                 ds = lance_io.append_table(table, ds, SCHEMA, self.storage_options)
+            else:  # a store made before the blob columns: appended to as it is
+                ds = lance_io.append_table(table.cast(STRING_SCHEMA), ds, STRING_SCHEMA, self.storage_options)
             if is_local(self.uri):
                 files, _ = lance_io.committed_files(ds, 0)
                 lance_io.fsync_commit(local_path(self.uri), ds, files)
@@ -463,77 +513,6 @@ class ResponseStore:
         return {"dropped": before - after, **self.stats()}
 
 
-class _Keys:
-    """The stored keys (64 characters as 8 words) by row offset: the key buffers as Lance read them (no
-    copy), an append's small ones joined to the last part so that many small appends make few parts.
-
-    Copied on write: a lookup's snapshot (:meth:`view`) is never changed by a later append.
-    """
-
-    def __init__(self) -> None:
-        self._parts: list[np.ndarray] = []
-        self._starts = np.zeros(1, np.int64)  # each part's first row offset, then the row count
-
-    def view(self) -> tuple[list[np.ndarray], np.ndarray]:
-        return self._parts, self._starts
-
-    def extend(self, chunks: list[np.ndarray]) -> None:
-        parts, sizes = list(self._parts), list(np.diff(self._starts))
-        for chunk in chunks:
-            if parts and len(parts[-1]) < _SMALL_PART and len(chunk) < _SMALL_PART:
-                parts[-1] = np.concatenate([parts[-1], chunk])
-                sizes[-1] += len(chunk)
-            else:
-                parts.append(chunk)
-                sizes.append(len(chunk))
-        self._parts, self._starts = parts, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-
-
-#: parts of fewer keys than this are joined (a write-behind flush appends a few hundred)
-_SMALL_PART = 4096
-
-
-def _gather(view: tuple[list[np.ndarray], np.ndarray], offsets: np.ndarray) -> np.ndarray:
-    """The stored keys at ``offsets`` (row offsets) of a :class:`_Keys` view."""
-    parts, starts = view
-    if len(parts) == 1:
-        return parts[0][offsets]
-    out = np.empty((len(offsets), 8), np.uint64)
-    which = np.searchsorted(starts, offsets, side="right") - 1
-    order = np.argsort(which, kind="stable")
-    bounds = np.searchsorted(which[order], np.arange(len(parts) + 1))
-    for part in np.flatnonzero(np.diff(bounds)).tolist():
-        rows = order[bounds[part] : bounds[part + 1]]
-        out[rows] = parts[part][offsets[rows] - starts[part]]
-    return out
-
-
-def _key_words(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """``(words, ok)`` of Arrow string keys: each key's 64 characters as 8 words (a view of the Arrow
-    buffer where it can), and whether it has 64 characters (the others are never found).
-    """
-    arr = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-    arr = arr.cast(pa.string()) if arr.type != pa.string() else arr
-    ok_arrow = pc.fill_null(pc.equal(pc.binary_length(arr), 64), False)
-    ok = ok_arrow.to_numpy(zero_copy_only=False)
-    if not ok.all():
-        arr = pc.if_else(ok_arrow, arr, pa.scalar("\0" * 64))
-    if not len(arr):
-        return np.zeros((0, 8), np.uint64), ok
-    _, offsets_buf, data_buf = arr.buffers()
-    start = int(np.frombuffer(offsets_buf, np.int32, 1, arr.offset * 4)[0])
-    return np.frombuffer(data_buf, np.uint64, 8 * len(arr), start).reshape(-1, 8), ok
-
-
-def _hashes(words: np.ndarray) -> np.ndarray:
-    """The :func:`key_hash` of keys as words (their first 16 characters read as hex; what is not hex gives
-    some number, and such a key then matches no stored one, the whole key being compared)."""
-    head = words[:, :2].copy().view(np.uint8)  # (n, 16) characters
-    nibbles = (head & 15) + 9 * (head >> 6)  # '0'-'9', 'a'-'f', 'A'-'F' to 0-15
-    packed = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
-    return packed.view(">u8").ravel().astype(np.uint64).view(np.int64)
-
-
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _HEX = re.compile("[0-9a-fA-F]{16}")
 
@@ -544,22 +523,6 @@ def _datetimes(column: pa.ChunkedArray) -> list[dt.datetime]:
     distinct, where = np.unique(column.cast(pa.int64()).to_numpy(), return_inverse=True)
     made = [_EPOCH + dt.timedelta(microseconds=us) for us in distinct.tolist()]
     return [made[i] for i in where.tolist()]
-
-
-def _merge(
-    hashes: np.ndarray, offsets: np.ndarray, more: np.ndarray, more_offsets: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The index ``(hashes, offsets)`` with rows appended after it: sorted by hash, equal hashes by offset."""
-    order = np.argsort(more)
-    more, more_offsets = more[order], more_offsets[order]
-    equal = np.flatnonzero(more[1:] == more[:-1])
-    if len(equal):  # equal hashes (a key stored twice, or a collision) in dataset order: the earliest first
-        run = np.union1d(equal, equal + 1)
-        more_offsets[run] = more_offsets[run][np.lexsort((more_offsets[run], more[run]))]
-    if not len(hashes):
-        return more, more_offsets
-    at = np.searchsorted(hashes, more, side="right")  # after the equal hashes already there: they are earlier
-    return np.insert(hashes, at, more), np.insert(offsets, at, more_offsets)
 
 
 def _table(entries: list[ResponseEntry]) -> pa.Table:
@@ -578,8 +541,8 @@ def _table(entries: list[ResponseEntry]) -> pa.Table:
             "pipeline": [e.pipeline for e in entries],
             "experiment": [e.experiment for e in entries],
             "model": [e.model for e in entries],
-            "request_json": [e.request_json for e in entries],
-            "reply_json": [e.reply_json for e in entries],
+            "request_json": [None if e.request_json is None else e.request_json.encode() for e in entries],
+            "reply_json": [e.reply_json.encode() for e in entries],
             "input_tokens": [int(e.input_tokens) for e in entries],
             "output_tokens": [int(e.output_tokens) for e in entries],
             "cost_usd": [e.cost_usd for e in entries],

@@ -13,14 +13,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_datagen.core import ResponseStore
-from airflow_provider_datagen.core.store import responses
-from airflow_provider_datagen.core.store.responses import (
-    RESPONSES_DIR,
-    ResponseEntry,
-    _hashes,
-    _key_words,
-    key_hash,
-)
+from airflow_provider_datagen.core.store import response_index, responses
+from airflow_provider_datagen.core.store.response_index import hashes_of, key_words
+from airflow_provider_datagen.core.store.responses import RESPONSES_DIR, ResponseEntry, key_hash
 from airflow_provider_datagen.exceptions import ResponseStoreError
 
 if TYPE_CHECKING:
@@ -110,19 +105,19 @@ def test_a_string_that_is_not_a_key_is_refused_before_any_write_and_never_found(
 
 def test_the_vectorized_hash_is_key_hash() -> None:
     keys = [_key(i) for i in range(200)] + ["f" * 64, "0" * 64, "8" + "0" * 63, _key(7).upper()]
-    words, ok = _key_words(pa.array(keys))
+    words, ok = key_words(pa.array(keys))
     assert ok.all()
-    assert _hashes(words).tolist() == [key_hash(k) for k in keys]
+    assert hashes_of(words).tolist() == [key_hash(k) for k in keys]
     sliced = pa.array(["x", *keys[:3]]).slice(1)  # an array not starting at its buffer's start
-    words, ok = _key_words(sliced)
-    assert ok.all() and (words == _key_words(pa.array(keys[:3]))[0]).all()
-    assert _key_words(pa.array(["short", None, keys[0]]))[1].tolist() == [False, False, True]
-    assert np.array_equal(_key_words(pa.array([], pa.string()))[1], np.zeros(0, bool))
+    words, ok = key_words(sliced)
+    assert ok.all() and (words == key_words(pa.array(keys[:3]))[0]).all()
+    assert key_words(pa.array(["short", None, keys[0]]))[1].tolist() == [False, False, True]
+    assert np.array_equal(key_words(pa.array([], pa.string()))[1], np.zeros(0, bool))
 
 
 def test_keys_kept_in_many_parts_are_found_in_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # every append its own part of the in-memory keys (as a store read in 8,192-key chunks is)
-    monkeypatch.setattr(responses, "_SMALL_PART", 1)
+    monkeypatch.setattr(response_index, "SMALL_PART", 1)
     store = ResponseStore.open(tmp_path)
     for b in range(4):
         store.put_many([ResponseEntry(_key(b * 10 + i), f'"{b * 10 + i}"', "m") for i in range(3)])
