@@ -8,7 +8,10 @@ the "Datagen" nav entry (the plugin's index in an iframe), the experiment page (
 throughput and next-run panels; the next-run panel's classes after the failed run and after the
 rerun), the "Datagen" tab of ``generate [0]`` and an item page (its input beside its output, its
 usage), and the test asserts the counts and item ids the pages show. A fresh browser context without
-the session cookie is refused by the plugin's routes (401).
+the session cookie is refused by the plugin's routes (401). Two experiments of ``llm_process`` over the
+same prompts (run in this process against a local OpenAI-compatible server, into the stack's root)
+show, on their item pages, each answer's exchange: the request as sent, the reply as received, and
+for the second experiment whose reply it reused, with its reused calls on the Spend panel.
 
 Screenshots of every step go to the test's ``tmp_path``, or to ``$DATAGEN_SCREENSHOTS`` when set
 (pytest prunes old tmp dirs); their paths are printed (``pytest -s``).
@@ -18,6 +21,7 @@ Every Chromium process is recorded by PID and checked to be gone at teardown.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -432,6 +436,77 @@ def test_nav_view_experiment_page_and_task_instance_tab(
         print(f"aborted off-site requests: {offsite}")
     context.close()
     print(f"ui browser test: {time.monotonic() - started:.1f} s, screenshots in {shots.directory}")
+
+
+def test_the_item_page_shows_the_exchange_behind_each_answer(
+    airflow_stack: AirflowClient, browser: Browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two experiments of ``llm_process`` over the same prompts, run in this process against a local
+    OpenAI-compatible server into the stack's root: the first pays, the second is answered from the
+    response store. The api-server's item pages, in Chromium, show each answer's exchange: the request
+    as sent, the reply as received and, for the second, whose reply it reused; the Spend panel counts
+    the reused calls."""
+    from airflow_provider_datagen.core import CheckpointLog, run_items
+    from airflow_provider_datagen.llm import llm_process
+    from tests._support import openai_server
+
+    client = airflow_stack
+    shots = Shots(tmp_path)
+    root = str(client.stack.settings.home / "datagen")  # the api-server's root: no datagen connection
+    pipeline, items = "exchanges", [{"id": f"x{k}", "text": f"tide table {k}"} for k in range(3)]
+    fake = openai_server.start()
+    try:
+        conn = {"conn_type": "pydanticai", "host": fake.base_url, "password": "sk-fake"}
+        conn["extra"] = {"model": "openai-chat:gpt-4o-mini"}  # type: ignore[assignment]
+        monkeypatch.setenv("AIRFLOW_CONN_LLM_EXCHANGES", json.dumps(conn))
+        process = llm_process("Repeat {{ text }}", llm_conn_id="llm_exchanges")
+        for experiment in ("paid", "reused"):
+            log = CheckpointLog.open(root, pipeline=pipeline, experiment=experiment)
+            report = run_items(log, items, process, processor_version=process.version)
+            assert report.failed == [] and len(report.processed) == len(items), report
+        assert sum(1 for r in fake.requests if r.status == 200) == len(items)  # the second paid nothing
+    finally:
+        fake.stop()
+
+    context, offsite, plugin_errors = new_context(browser, client.base_url)
+    page = context.new_page()
+    log_in(page, client, shots)
+    for experiment in ("paid", "reused"):
+        page.goto(f"{client.base_url}/plugin/datagen/datagen/experiments/{pipeline}/{experiment}")
+        frame = page.frame_locator(IFRAME)
+        frame.locator("h1", has_text=f"{pipeline} / {experiment}").wait_for()
+        if experiment == "reused":
+            assert frame.locator("#reused-calls").inner_text() == str(len(items))
+            shots.element(frame.locator("h2#spend + *"), "exchange-spend-reused")
+        link = frame.get_by_role("link", name="x1", exact=True)
+        link.scroll_into_view_if_needed()
+        link.click()
+        frame.locator("h1", has_text="x1").wait_for()
+        card = frame.locator(".card.exchange")
+        assert card.count() == 1
+        # one line each (an exchange's labels are inline, not a figure card's block numbers)
+        head = card.locator("div").first.inner_text()
+        assert head.startswith("reused · " if experiment == "reused" else "sent · "), head
+        card.locator("details.request > summary").click()  # the request as sent, folded by default
+        request = card.locator("details.request").inner_text()
+        assert "Repeat tide table 1" in request and "user" in request, request
+        assert fake.base_url in request, request  # where it was sent
+        reply = card.locator("details.reply pre").inner_text()
+        assert json.loads(reply)["choices"][0]["message"]["content"] == "echo: Repeat tide table 1", reply
+        assert "\n  " in reply  # pretty-printed
+        made = card.locator(".reused-from")
+        if experiment == "reused":
+            assert re.fullmatch(rf"reused from {pipeline}/paid, 20\d\d-\d\d-\d\dT[\d:.]+\+00:00", made.inner_text()), (
+                made.inner_text()
+            )
+        else:
+            assert made.count() == 0
+        card.scroll_into_view_if_needed()
+        shots.element(card, f"exchange-{experiment}-x1")
+    assert not plugin_errors, f"plugin routes answered with errors while browsing: {plugin_errors}"
+    if offsite:
+        print(f"aborted off-site requests: {offsite}")
+    context.close()
 
 
 def test_plugin_pages_without_session_are_refused(
